@@ -1,0 +1,106 @@
+#include "data/token_shards.h"
+
+#include <glob.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include "model/checkpoint.h"
+
+namespace tpsp {
+
+void write_token_shard(const std::string& path, const std::vector<uint16_t>& tokens) {
+    std::vector<char> bytes(1024 + tokens.size() * 2, 0);
+    int* header = reinterpret_cast<int*>(bytes.data());
+    header[0] = shard_magic;
+    header[1] = shard_version;
+    header[2] = int(tokens.size());
+    std::memcpy(bytes.data() + 1024, tokens.data(), tokens.size() * 2);
+    write_file_atomically(path, bytes.data(), bytes.size());
+}
+
+std::vector<std::string> expand_shard_glob(const std::string& pattern) {
+    glob_t found;
+    std::vector<std::string> paths;
+    if (glob(pattern.c_str(), 0, nullptr, &found) == 0) {
+        for (size_t i = 0; i < found.gl_pathc; i++) paths.push_back(found.gl_pathv[i]);
+    }
+    globfree(&found);
+    if (paths.empty()) throw FileError(pattern + ": no token shard matches");
+    return paths;  // glob sorts
+}
+
+// Returns the number of tokens that the header announces, after checking it.
+static int64_t read_shard_header(const std::string& path) {
+    FILE* f = std::fopen(path.c_str(), "rb");
+    if (!f) throw FileError(path + ": cannot open token shard");
+    int header[256];
+    size_t got = std::fread(header, sizeof(int), 256, f);
+    std::fclose(f);
+    if (got != 256) throw FileError(path + ": truncated token shard header");
+    if (header[0] != shard_magic)
+        throw FileError(path + ": not an llm.c token shard (magic " + std::to_string(header[0]) + ", expected " +
+                        std::to_string(shard_magic) + ")");
+    if (header[1] != shard_version)
+        throw FileError(path + ": token shard version " + std::to_string(header[1]) + " is not supported (need " +
+                        std::to_string(shard_version) + ")");
+    int64_t count = header[2];
+    uintmax_t expected = 1024 + uintmax_t(count) * 2;
+    std::error_code ec;
+    uintmax_t actual = std::filesystem::file_size(path, ec);
+    if (count < 0 || ec || actual != expected)
+        throw FileError(path + ": token shard is " + std::to_string(actual) + " bytes, its header says " +
+                        std::to_string(expected));
+    return count;
+}
+
+TokenLoader::TokenLoader(const std::string& pattern, int B, int T, int dp_rank, int dp_size)
+    : paths_(expand_shard_glob(pattern)), B_(B), T_(T), dp_rank_(dp_rank), dp_size_(dp_size) {
+    int64_t tokens_per_batch = int64_t(dp_size) * B * T;
+    for (const std::string& path : paths_) {
+        int64_t count = read_shard_header(path);
+        int64_t batches = (count - 1) / tokens_per_batch;
+        if (count < 1 || batches < 1)
+            throw FileError(path + ": token shard has " + std::to_string(count) + " tokens, too few for one batch of " +
+                            std::to_string(tokens_per_batch) + "+1 (data-parallel ranks × batch_size × seq_len)");
+        shards_.push_back(batches);
+    }
+}
+
+int64_t TokenLoader::batches_per_epoch() const {
+    int64_t total = 0;
+    for (int64_t n : shards_) total += n;
+    return total;
+}
+
+void TokenLoader::load_shard(size_t index) {
+    if (index == current_shard_) return;
+    int64_t count = read_shard_header(paths_[index]);
+    tokens_.resize(size_t(count));
+    FILE* f = std::fopen(paths_[index].c_str(), "rb");
+    if (!f) throw FileError(paths_[index] + ": cannot open token shard");
+    std::fseek(f, 1024, SEEK_SET);
+    size_t got = std::fread(tokens_.data(), 2, tokens_.size(), f);
+    std::fclose(f);
+    if (got != tokens_.size()) throw FileError(paths_[index] + ": token shard is truncated");
+    current_shard_ = index;
+}
+
+void TokenLoader::reset() { batches_read_ = 0; }
+void TokenLoader::seek(int64_t batches_read) { batches_read_ = batches_read; }
+
+void TokenLoader::next_batch(int* inputs, int* targets) {
+    int64_t k = batches_read_ % batches_per_epoch();
+    size_t shard = 0;
+    while (k >= shards_[shard]) k -= shards_[shard++];
+    load_shard(shard);
+    int64_t start = (k * dp_size_ + dp_rank_) * int64_t(B_) * T_;
+    for (int64_t i = 0; i < int64_t(B_) * T_; i++) {
+        inputs[i] = tokens_[size_t(start + i)];
+        targets[i] = tokens_[size_t(start + i + 1)];
+    }
+    batches_read_++;
+}
+
+}  // namespace tpsp

@@ -1,0 +1,43 @@
+// llm.c's token shards: a header of 256 int32 (magic 20240520, version 1,
+// number of tokens), then the tokens as uint16.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tpsp {
+
+constexpr int shard_magic = 20240520;
+constexpr int shard_version = 1;
+
+void write_token_shard(const std::string& path, const std::vector<uint16_t>& tokens);
+// The shards that a glob names, sorted; none is an error naming the glob.
+std::vector<std::string> expand_shard_glob(const std::string& pattern);
+
+// Reads batches in order, as llm.c's loader does: in each shard, batch k of
+// data-parallel rank r holds the B·T+1 tokens from (k·dp + r)·B·T on; a shard
+// gives floor((tokens − 1) / (dp·B·T)) batches, then the next shard starts;
+// after the last shard the loader starts again at the first.
+class TokenLoader {
+public:
+    TokenLoader(const std::string& pattern, int B, int T, int dp_rank, int dp_size);
+    // inputs, targets [B, T]
+    void next_batch(int* inputs, int* targets);
+    void reset();
+    // Where the next batch comes from, for checkpoints.
+    int64_t position() const { return batches_read_; }
+    void seek(int64_t batches_read);
+    size_t num_shards() const { return shards_.size(); }
+    int64_t batches_per_epoch() const;
+
+private:
+    void load_shard(size_t index);
+    std::vector<std::string> paths_;
+    std::vector<int64_t> shards_;  // batches in each shard
+    int B_, T_, dp_rank_, dp_size_;
+    size_t current_shard_ = size_t(-1);
+    std::vector<uint16_t> tokens_;  // the current shard
+    int64_t batches_read_ = 0;      // since the start of the run
+};
+
+}  // namespace tpsp

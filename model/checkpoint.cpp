@@ -1,0 +1,101 @@
+#include "model/checkpoint.h"
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <vector>
+
+namespace tpsp {
+
+static std::string describe(const GPTConfig& c) {
+    return "maxT=" + std::to_string(c.max_seq_len) + " V=" + std::to_string(c.vocab_size) +
+           " Vp=" + std::to_string(c.padded_vocab_size) + " L=" + std::to_string(c.num_layers) +
+           " heads=" + std::to_string(c.num_heads) + " C=" + std::to_string(c.channels);
+}
+
+
+GPTConfig read_checkpoint_config(const std::string& path) {
+    FILE* f = std::fopen(path.c_str(), "rb");
+    if (!f) throw FileError(path + ": cannot open checkpoint");
+    int header[256];
+    size_t got = std::fread(header, sizeof(int), 256, f);
+    std::fclose(f);
+    if (got != 256) throw FileError(path + ": truncated checkpoint header (" + std::to_string(got * 4) +
+                                    " of 1024 bytes)");
+    if (header[0] != checkpoint_magic)
+        throw FileError(path + ": not an llm.c GPT-2 checkpoint (magic " + std::to_string(header[0]) +
+                        ", expected " + std::to_string(checkpoint_magic) + ")");
+    if (header[1] != checkpoint_version)
+        throw FileError(path + ": checkpoint version " + std::to_string(header[1]) + " is not supported (need " +
+                        std::to_string(checkpoint_version) + ": fp32 with padded vocabulary)");
+    GPTConfig c;
+    c.max_seq_len = header[2];
+    c.vocab_size = header[3];
+    c.num_layers = header[4];
+    c.num_heads = header[5];
+    c.channels = header[6];
+    c.padded_vocab_size = header[7];
+    if (c.max_seq_len <= 0 || c.vocab_size <= 0 || c.num_layers <= 0 || c.num_heads <= 0 || c.channels <= 0 ||
+        c.padded_vocab_size < c.vocab_size || c.channels % c.num_heads != 0)
+        throw FileError(path + ": checkpoint header describes an impossible model (" + describe(c) + ")");
+    return c;
+}
+
+void check_checkpoint_model(const std::string& path, const GPTConfig& m) {
+    GPTConfig c = read_checkpoint_config(path);
+    if (c.max_seq_len != m.max_seq_len || c.vocab_size != m.vocab_size || c.num_layers != m.num_layers ||
+        c.num_heads != m.num_heads || c.channels != m.channels || c.padded_vocab_size != m.padded_vocab_size)
+        throw FileError(path + ": checkpoint is for another model (" + describe(c) + "; the config says " +
+                        describe(m) + ")");
+}
+
+void load_checkpoint(GPT& model, const std::string& path) {
+    check_checkpoint_model(path, model.config);
+    uintmax_t expected = 1024 + uintmax_t(model.num_parameters) * 4;
+    std::error_code ec;
+    uintmax_t actual = std::filesystem::file_size(path, ec);
+    if (ec || actual != expected)
+        throw FileError(path + ": checkpoint is " + std::to_string(actual) + " bytes, expected " +
+                        std::to_string(expected) + (actual < expected ? " (truncated)" : " (trailing data)"));
+    FILE* f = std::fopen(path.c_str(), "rb");
+    if (!f) throw FileError(path + ": cannot open checkpoint");
+    std::fseek(f, 1024, SEEK_SET);
+    size_t got = std::fread(model.params.wte, sizeof(float), size_t(model.num_parameters), f);
+    std::fclose(f);
+    if (got != size_t(model.num_parameters)) throw FileError(path + ": checkpoint is truncated");
+}
+
+void write_file_atomically(const std::string& path, const void* data, size_t bytes) {
+    std::string tmp = path + ".tmp";
+    FILE* f = std::fopen(tmp.c_str(), "wb");
+    if (!f) throw FileError(tmp + ": cannot open for writing");
+    bool ok = std::fwrite(data, 1, bytes, f) == bytes;
+    ok = (std::fflush(f) == 0) && ok;
+    ok = (std::fclose(f) == 0) && ok;
+    if (!ok) {
+        std::remove(tmp.c_str());
+        throw FileError(tmp + ": write failed (disk full?)");
+    }
+    if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+        std::remove(tmp.c_str());
+        throw FileError(path + ": cannot rename " + tmp + " into place");
+    }
+}
+
+void save_checkpoint(const GPT& model, const std::string& path) {
+    const GPTConfig& c = model.config;
+    std::vector<char> bytes(1024 + size_t(model.num_parameters) * 4, 0);
+    int* header = reinterpret_cast<int*>(bytes.data());
+    header[0] = checkpoint_magic;
+    header[1] = checkpoint_version;
+    header[2] = c.max_seq_len;
+    header[3] = c.vocab_size;
+    header[4] = c.num_layers;
+    header[5] = c.num_heads;
+    header[6] = c.channels;
+    header[7] = c.padded_vocab_size;
+    std::memcpy(bytes.data() + 1024, model.params.wte, size_t(model.num_parameters) * 4);
+    write_file_atomically(path, bytes.data(), bytes.size());
+}
+
+}  // namespace tpsp

@@ -1,0 +1,31 @@
+// llm.c's GPT-2 checkpoint: a header of 256 int32 (magic 20240326, version 3,
+// maxT, V, L, NH, C, Vp), then every parameter as fp32 in llm.c's order.
+#pragma once
+#include <stdexcept>
+#include <string>
+
+#include "model/gpt.h"
+
+namespace tpsp {
+
+// A user-caused problem with a file, worded for one line: "FILE: what is wrong".
+struct FileError : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+constexpr int checkpoint_magic = 20240326;
+constexpr int checkpoint_version = 3;
+
+// Reads only the header: the model's shape.
+GPTConfig read_checkpoint_config(const std::string& path);
+// Throws unless the checkpoint's header describes this model.
+void check_checkpoint_model(const std::string& path, const GPTConfig& config);
+// Loads the parameters; the file's model must equal model.config.
+void load_checkpoint(GPT& model, const std::string& path);
+// Writes PATH.tmp, then renames it to PATH: a crash never leaves half a file.
+void save_checkpoint(const GPT& model, const std::string& path);
+
+// Writes bytes to PATH.tmp and renames it to PATH (for our other files too).
+void write_file_atomically(const std::string& path, const void* data, size_t bytes);
+
+}  // namespace tpsp

@@ -1,0 +1,385 @@
+#include "model/kernels/cpu_kernels.h"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "model/kernels/philox.h"
+
+namespace tpsp {
+
+// ----------------------------------------------------------------------------
+// dropout: the random bits of global element g are lane g % 4 of one Philox
+// block whose counter is (g / 4, step, layer·16 + site), keyed on the seed.
+
+static PhiloxCounter dropout_block(const DropoutKey& key, uint64_t group) {
+    PhiloxCounter ctr = {uint32_t(group), uint32_t(group >> 32), key.step,
+                         (key.layer << 4) | uint32_t(key.site)};
+    return philox4x32_10(ctr, {uint32_t(key.seed), uint32_t(key.seed >> 32)});
+}
+
+float dropout_uniform(const DropoutKey& key, uint64_t global_index) {
+    return uniform_from_bits(dropout_block(key, global_index / 4)[global_index % 4]);
+}
+
+// One contiguous run of n elements starting at global index g0.
+static void dropout_row(float* out, uint8_t* mask, const float* inp, int64_t n, uint64_t g0, float p,
+                        float scale, const DropoutKey& key) {
+    PhiloxCounter bits = dropout_block(key, g0 / 4);
+    for (int64_t i = 0; i < n; i++) {
+        uint64_t g = g0 + i;
+        if (g % 4 == 0 && i > 0) bits = dropout_block(key, g / 4);
+        uint8_t keep = uniform_from_bits(bits[g % 4]) >= p;
+        mask[i] = keep;
+        out[i] = keep ? inp[i] * scale : 0.0f;
+    }
+}
+
+void dropout_forward(float* out, uint8_t* mask, const float* inp, const DropoutBox& box, float p,
+                     const DropoutKey& key) {
+    int64_t rows = box.n0 * box.n1;
+    if (p == 0.0f) {
+        std::memset(mask, 1, size_t(rows * box.n2));
+        if (out != inp) std::memcpy(out, inp, sizeof(float) * rows * box.n2);
+        return;
+    }
+    float scale = 1.0f / (1.0f - p);
+#pragma omp parallel for
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t i0 = r / box.n1, i1 = r % box.n1;
+        uint64_t g0 = uint64_t(((box.o0 + i0) * box.N1 + box.o1 + i1) * box.N2 + box.o2);
+        int64_t at = r * box.n2;
+        dropout_row(out + at, mask + at, inp + at, box.n2, g0, p, scale, key);
+    }
+}
+
+void dropout_backward(float* dinp, const uint8_t* mask, const float* dout, int64_t n, float p) {
+    float scale = 1.0f / (1.0f - p);
+#pragma omp parallel for simd if (n > 65536)
+    for (int64_t i = 0; i < n; i++) dinp[i] = mask[i] ? dout[i] * scale : 0.0f;
+}
+
+// ----------------------------------------------------------------------------
+// embedding
+
+void embedding_forward(float* out, const int* inp, const float* wte, const float* wpe, int B, int T, int C) {
+#pragma omp parallel for collapse(2)
+    for (int b = 0; b < B; b++) {
+        for (int t = 0; t < T; t++) {
+            float* o = out + (int64_t(b) * T + t) * C;
+            const float* token = wte + int64_t(inp[b * T + t]) * C;
+            const float* position = wpe + int64_t(t) * C;
+            for (int c = 0; c < C; c++) o[c] = token[c] + position[c];
+        }
+    }
+}
+
+void embedding_backward(float* dwte, float* dwpe, const float* dout, const int* inp, int B, int T, int C) {
+    // Threads split the channels, so two tokens with the same id never race.
+#pragma omp parallel
+    {
+        int threads = omp_get_num_threads(), id = omp_get_thread_num();
+        int c0 = int(int64_t(C) * id / threads), c1 = int(int64_t(C) * (id + 1) / threads);
+        for (int b = 0; b < B; b++) {
+            for (int t = 0; t < T; t++) {
+                const float* d = dout + (int64_t(b) * T + t) * C;
+                float* token = dwte + int64_t(inp[b * T + t]) * C;
+                float* position = dwpe + int64_t(t) * C;
+                for (int c = c0; c < c1; c++) {
+                    token[c] += d[c];
+                    position[c] += d[c];
+                }
+            }
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// layernorm
+
+static constexpr float layernorm_eps = 1e-5f;
+
+static void row_statistics(const float* x, int C, float* mean_out, float* rstd_out) {
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int c = 0; c < C; c++) sum += x[c];
+    float mean = sum / C;
+    float var = 0.0f;
+#pragma omp simd reduction(+ : var)
+    for (int c = 0; c < C; c++) var += (x[c] - mean) * (x[c] - mean);
+    *mean_out = mean;
+    *rstd_out = 1.0f / std::sqrt(var / C + layernorm_eps);
+}
+
+void layernorm_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C) {
+#pragma omp parallel for
+    for (int n = 0; n < N; n++) {
+        const float* x = inp + int64_t(n) * C;
+        float* o = out + int64_t(n) * C;
+        float mean, rstd;
+        row_statistics(x, C, &mean, &rstd);
+#pragma omp simd
+        for (int c = 0; c < C; c++) o[c] = (x[c] - mean) * rstd * weight[c] + bias[c];
+    }
+}
+
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                        const float* weight, float* scratch, int N, int C) {
+    float* mean = scratch;
+    float* rstd = scratch + N;
+    // rows in parallel: recompute the statistics, then the input gradient
+#pragma omp parallel for
+    for (int n = 0; n < N; n++) {
+        const float* x = inp + int64_t(n) * C;
+        const float* d = dout + int64_t(n) * C;
+        float* dx = dinp + int64_t(n) * C;
+        row_statistics(x, C, &mean[n], &rstd[n]);
+        float m = mean[n], r = rstd[n];
+        float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
+#pragma omp simd reduction(+ : dnorm_mean, dnorm_norm_mean)
+        for (int c = 0; c < C; c++) {
+            float dnorm = weight[c] * d[c];
+            dnorm_mean += dnorm;
+            dnorm_norm_mean += dnorm * (x[c] - m) * r;
+        }
+        dnorm_mean /= C;
+        dnorm_norm_mean /= C;
+#pragma omp simd
+        for (int c = 0; c < C; c++) {
+            float norm = (x[c] - m) * r;
+            dx[c] += (weight[c] * d[c] - dnorm_mean - norm * dnorm_norm_mean) * r;
+        }
+    }
+    // channels in parallel: the parameter gradients sum over rows
+#pragma omp parallel
+    {
+        int threads = omp_get_num_threads(), id = omp_get_thread_num();
+        int c0 = int(int64_t(C) * id / threads), c1 = int(int64_t(C) * (id + 1) / threads);
+        for (int n = 0; n < N; n++) {
+            const float* x = inp + int64_t(n) * C;
+            const float* d = dout + int64_t(n) * C;
+            float m = mean[n], r = rstd[n];
+#pragma omp simd
+            for (int c = c0; c < c1; c++) {
+                dweight[c] += (x[c] - m) * r * d[c];
+                dbias[c] += d[c];
+            }
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// matmul, through OpenBLAS
+
+void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC) {
+    float beta = 0.0f;
+    if (bias) {
+#pragma omp parallel for
+        for (int n = 0; n < N; n++) std::memcpy(out + int64_t(n) * OC, bias, sizeof(float) * OC);
+        beta = 1.0f;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C, beta, out, OC);
+}
+
+void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                     const float* weight, int N, int C, int OC) {
+    // dinp [N, C] = dout [N, OC] @ weight [OC, C]
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C, 0.0f, dinp, C);
+    // dweight [OC, C] += dout^T [OC, N] @ inp [N, C]
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
+    if (dbias) {
+#pragma omp parallel
+        {
+            int threads = omp_get_num_threads(), id = omp_get_thread_num();
+            int o0 = int(int64_t(OC) * id / threads), o1 = int(int64_t(OC) * (id + 1) / threads);
+            for (int n = 0; n < N; n++) {
+                const float* d = dout + int64_t(n) * OC;
+#pragma omp simd
+                for (int o = o0; o < o1; o++) dbias[o] += d[o];
+            }
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// gelu, tanh approximation
+
+static constexpr float gelu_scale = 0.7978845608028654f;  // sqrt(2 / pi)
+
+void gelu_forward(float* out, const float* inp, int64_t N) {
+#pragma omp parallel for simd
+    for (int64_t i = 0; i < N; i++) {
+        float x = inp[i];
+        out[i] = 0.5f * x * (1.0f + std::tanh(gelu_scale * (x + 0.044715f * x * x * x)));
+    }
+}
+
+void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N) {
+#pragma omp parallel for simd
+    for (int64_t i = 0; i < N; i++) {
+        float x = inp[i];
+        float u = gelu_scale * (x + 0.044715f * x * x * x);
+        float th = std::tanh(u);
+        float sech2 = 1.0f - th * th;
+        float du_dx = gelu_scale * (1.0f + 3.0f * 0.044715f * x * x);
+        dinp[i] = dout[i] * (0.5f * (1.0f + th) + 0.5f * x * sech2 * du_dx);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// residual
+
+void residual_forward(float* out, const float* inp1, const float* inp2, int64_t N) {
+#pragma omp parallel for simd if (N > 65536)
+    for (int64_t i = 0; i < N; i++) out[i] = inp1[i] + inp2[i];
+}
+
+// ----------------------------------------------------------------------------
+// attention
+
+static float dot(const float* a, const float* b, int n) {
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int i = 0; i < n; i++) sum += a[i] * b[i];
+    return sum;
+}
+
+static void axpy(float* y, float alpha, const float* x, int n) {
+#pragma omp simd
+    for (int i = 0; i < n; i++) y[i] += alpha * x[i];
+}
+
+void attention_forward(float* out, float* softmax_out, uint8_t* dropout_mask, float* dropout_out,
+                       const float* qkv, int B, int T, int C, int NH, float p, const DropoutBox& box,
+                       const DropoutKey& key) {
+    int hs = C / NH;
+    int64_t C3 = 3 * int64_t(C);
+    float scale = 1.0f / std::sqrt(float(hs));
+    // S' = causal softmax(Q K^T * scale), one row (b, h, t) at a time
+#pragma omp parallel for collapse(3)
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < NH; h++) {
+            for (int t = 0; t < T; t++) {
+                const float* q = qkv + (int64_t(b) * T + t) * C3 + h * hs;
+                float* row = softmax_out + ((int64_t(b) * NH + h) * T + t) * T;
+                float maxval = -INFINITY;
+                for (int t2 = 0; t2 <= t; t2++) {
+                    const float* k = qkv + (int64_t(b) * T + t2) * C3 + C + h * hs;
+                    row[t2] = dot(q, k, hs) * scale;
+                    maxval = std::max(maxval, row[t2]);
+                }
+                float sum = 0.0f;
+                for (int t2 = 0; t2 <= t; t2++) {
+                    row[t2] = std::exp(row[t2] - maxval);
+                    sum += row[t2];
+                }
+                float inv = 1.0f / sum;
+                for (int t2 = 0; t2 <= t; t2++) row[t2] *= inv;
+                for (int t2 = t + 1; t2 < T; t2++) row[t2] = 0.0f;
+            }
+        }
+    }
+    // S = dropout(S')
+    dropout_forward(dropout_out, dropout_mask, softmax_out, box, p, key);
+    // out = S V
+#pragma omp parallel for collapse(3)
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < NH; h++) {
+            for (int t = 0; t < T; t++) {
+                const float* s = dropout_out + ((int64_t(b) * NH + h) * T + t) * T;
+                float* o = out + (int64_t(b) * T + t) * C + h * hs;
+                std::fill(o, o + hs, 0.0f);
+                for (int t2 = 0; t2 <= t; t2++) {
+                    const float* v = qkv + (int64_t(b) * T + t2) * C3 + 2 * C + h * hs;
+                    axpy(o, s[t2], v, hs);
+                }
+            }
+        }
+    }
+}
+
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* softmax_out,
+                        const uint8_t* dropout_mask, const float* dropout_out, float* scratch, int B, int T,
+                        int C, int NH, float p) {
+    int hs = C / NH;
+    int64_t C3 = 3 * int64_t(C);
+    float scale = 1.0f / std::sqrt(float(hs));
+    // (b, h) pairs in parallel: each owns its columns of dqkv, so no races.
+#pragma omp parallel for collapse(2)
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < NH; h++) {
+            float* drow = scratch + int64_t(omp_get_thread_num()) * T;
+            // dQ, dK, dV of this head accumulate below: clear them first
+            for (int t = 0; t < T; t++) {
+                float* dq = dqkv + (int64_t(b) * T + t) * C3 + h * hs;
+                std::fill(dq, dq + hs, 0.0f);
+                std::fill(dq + C, dq + C + hs, 0.0f);
+                std::fill(dq + 2 * C, dq + 2 * C + hs, 0.0f);
+            }
+            for (int t = 0; t < T; t++) {
+                int64_t row_at = ((int64_t(b) * NH + h) * T + t) * T;
+                const float* sp = softmax_out + row_at;  // S'
+                const float* s = dropout_out + row_at;   // S
+                const float* d = dout + (int64_t(b) * T + t) * C + h * hs;
+                const float* q = qkv + (int64_t(b) * T + t) * C3 + h * hs;
+                float* dq = dqkv + (int64_t(b) * T + t) * C3 + h * hs;
+                // dS = dO V^T and dV += S^T dO, for this row
+                for (int t2 = 0; t2 <= t; t2++) {
+                    const float* v = qkv + (int64_t(b) * T + t2) * C3 + 2 * C + h * hs;
+                    float* dv = dqkv + (int64_t(b) * T + t2) * C3 + 2 * C + h * hs;
+                    drow[t2] = dot(d, v, hs);
+                    axpy(dv, s[t2], d, hs);
+                }
+                // dS' = dropout backward of dS (the mask only)
+                dropout_backward(drow, dropout_mask + row_at, drow, t + 1, p);
+                // dD = S' * (dS' - sum(S' dS')): softmax backward from its output
+                float weighted = dot(sp, drow, t + 1);
+                for (int t2 = 0; t2 <= t; t2++) drow[t2] = sp[t2] * (drow[t2] - weighted) * scale;
+                // dQ = dD K, dK += dD^T Q
+                for (int t2 = 0; t2 <= t; t2++) {
+                    const float* k = qkv + (int64_t(b) * T + t2) * C3 + C + h * hs;
+                    float* dk = dqkv + (int64_t(b) * T + t2) * C3 + C + h * hs;
+                    axpy(dq, drow[t2], k, hs);
+                    axpy(dk, drow[t2], q, hs);
+                }
+            }
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// fused softmax + cross-entropy
+
+void crossentropy_forward(float* losses, float* lse, const float* logits, const int* targets, int N, int V,
+                          int Vp) {
+#pragma omp parallel for
+    for (int n = 0; n < N; n++) {
+        const float* row = logits + int64_t(n) * Vp;
+        float maxval = -INFINITY;
+#pragma omp simd reduction(max : maxval)
+        for (int v = 0; v < V; v++) maxval = std::max(maxval, row[v]);
+        float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+        for (int v = 0; v < V; v++) sum += std::exp(row[v] - maxval);
+        lse[n] = maxval + std::log(sum);
+        losses[n] = lse[n] - row[targets[n]];
+    }
+}
+
+void crossentropy_backward(float* logits, const float* lse, const int* targets, float dloss, int N, int V,
+                           int Vp) {
+#pragma omp parallel for
+    for (int n = 0; n < N; n++) {
+        float* row = logits + int64_t(n) * Vp;
+        float l = lse[n];
+#pragma omp simd
+        for (int v = 0; v < V; v++) row[v] = dloss * std::exp(row[v] - l);
+        row[targets[n]] -= dloss;
+        for (int v = V; v < Vp; v++) row[v] = 0.0f;
+    }
+}
+
+}  // namespace tpsp

@@ -1,0 +1,57 @@
+#include "model/memory_report.h"
+
+#include <cstdio>
+
+namespace tpsp {
+
+static std::string mib(int64_t bytes) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.2f MiB", bytes / 1048576.0);
+    return buf;
+}
+
+MemoryReport memory_report(const GPTConfig& c, const RunShape& r, int threads) {
+    BlockActivations block{};
+    OutsideActivations outside{};
+    Workspace workspace{};
+    ParameterTensors params{};
+    std::vector<TensorSpec> block_table = block_activation_table(c, r, &block);
+    std::vector<TensorSpec> outside_table = outside_activation_table(c, r, &outside);
+    std::vector<TensorSpec> workspace_table_ = workspace_table(c, r, threads, &workspace);
+
+    MemoryReport m;
+    m.block_bytes = int64_t(table_bytes(block_table));
+    m.block_formula_bytes = block_activation_formula_bytes(r.batch, r.seq_len, c.channels, c.num_heads, 4);
+    m.blocks_bytes = m.block_bytes * c.num_layers;
+    m.outside_bytes = int64_t(table_bytes(outside_table));
+    m.workspace_bytes = int64_t(table_bytes(workspace_table_));
+    m.parameter_bytes = int64_t(table_bytes(parameter_table(c, &params)));
+
+    char line[512];
+    std::snprintf(line, sizeof line,
+                  "model: L=%d a=%d h=%d V=%d Vp=%d | run: b=%d s=%d dropout=%g | t=1, fp32 activations (e=4)\n\n",
+                  c.num_layers, c.num_heads, c.channels, c.vocab_size, c.padded_vocab_size, r.batch, r.seq_len,
+                  r.dropout);
+    m.text = line;
+    m.text += format_table("saved activations of one transformer block (each of the L blocks):", block_table);
+    std::snprintf(line, sizeof line,
+                  "\nformula per block: b·s·h·(16e+2) + b·a·s²·(2e+1) = %d·%d·%d·66 + %d·%d·%d²·9 = %lld bytes\n"
+                  "table per block:   %lld bytes  ->  %s\n\n",
+                  r.batch, r.seq_len, c.channels, r.batch, c.num_heads, r.seq_len,
+                  (long long)m.block_formula_bytes, (long long)m.block_bytes,
+                  m.block_bytes == m.block_formula_bytes ? "EQUAL" : "NOT EQUAL");
+    m.text += line;
+    m.text += format_table("saved outside the blocks (not part of the per-block formula):", outside_table);
+    m.text += "\n" + format_table("workspace, reused from block to block (gradients, scratch; not saved):",
+                                  workspace_table_);
+    std::snprintf(line, sizeof line,
+                  "\nsaved activations: %d blocks × %s + outside %s = %s\n"
+                  "workspace %s | parameters %s (and as much again for gradients)\n",
+                  c.num_layers, mib(m.block_bytes).c_str(), mib(m.outside_bytes).c_str(),
+                  mib(m.blocks_bytes + m.outside_bytes).c_str(), mib(m.workspace_bytes).c_str(),
+                  mib(m.parameter_bytes).c_str());
+    m.text += line;
+    return m;
+}
+
+}  // namespace tpsp

@@ -1,0 +1,21 @@
+// `tpsp memory`: the activation tables the model allocates, beside the
+// formula of DESIGN §2 that they must equal.
+#pragma once
+#include <string>
+
+#include "model/gpt.h"
+
+namespace tpsp {
+
+struct MemoryReport {
+    int64_t block_bytes;          // one block's table, summed
+    int64_t block_formula_bytes;  // b·s·h·(16e+2) + b·a·s²·(2e+1)
+    int64_t blocks_bytes;         // all L blocks
+    int64_t outside_bytes, workspace_bytes, parameter_bytes;
+    std::string text;
+};
+
+// Built from the same tables the GPT constructor lays its arenas out from.
+MemoryReport memory_report(const GPTConfig& config, const RunShape& shape, int threads);
+
+}  // namespace tpsp

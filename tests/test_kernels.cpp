@@ -1,0 +1,242 @@
+// Every kernel's backward against central finite differences, on shapes
+// that are not powers of two; Philox against its published test vectors;
+// dropout's masks and keep rate.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "model/kernels/cpu_kernels.h"
+#include "model/kernels/philox.h"
+#include "tests/gradient_check.h"
+
+using namespace tpsp;
+using namespace tpsp::testing;
+
+namespace {
+constexpr int B = 2, T = 7, C = 12, NH = 3;
+constexpr int N = B * T;
+constexpr double tolerance = 2e-3;
+}  // namespace
+
+TEST(Philox, MatchesRandom123KnownAnswers) {
+    // kat_vectors of Random123: philox4x32 with 10 rounds
+    EXPECT_EQ(philox4x32_10({0, 0, 0, 0}, {0, 0}),
+              (PhiloxCounter{0x6627e8d5u, 0xe169c58du, 0xbc57ac4cu, 0x9b00dbd8u}));
+    EXPECT_EQ(philox4x32_10({~0u, ~0u, ~0u, ~0u}, {~0u, ~0u}),
+              (PhiloxCounter{0x408f276du, 0x41c83b0eu, 0xa20bc7c6u, 0x6d5451fdu}));
+    EXPECT_EQ(philox4x32_10({0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u}, {0xa4093822u, 0x299f31d0u}),
+              (PhiloxCounter{0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u}));
+}
+
+TEST(Kernels, LayerNormBackwardMatchesFiniteDifferences) {
+    auto inp = random_vector(N * C, 1), weight = random_vector(C, 2), bias = random_vector(C, 3);
+    auto dout = random_vector(N * C, 4);
+    std::vector<float> out(N * C), dinp(N * C, 0.0f), dweight(C, 0.0f), dbias(C, 0.0f), scratch(2 * N);
+    layernorm_backward(dinp.data(), dweight.data(), dbias.data(), dout.data(), inp.data(), weight.data(),
+                       scratch.data(), N, C);
+    auto loss = [&] {
+        layernorm_forward(out.data(), inp.data(), weight.data(), bias.data(), N, C);
+        return weighted_sum(out.data(), dout);
+    };
+    EXPECT_LT(gradient_error(loss, inp.data(), dinp.data(), N * C), tolerance);
+    EXPECT_LT(gradient_error(loss, weight.data(), dweight.data(), C), tolerance);
+    EXPECT_LT(gradient_error(loss, bias.data(), dbias.data(), C), tolerance);
+}
+
+TEST(Kernels, LayerNormBackwardAccumulatesIntoDinp) {
+    auto inp = random_vector(N * C, 1), weight = random_vector(C, 2), dout = random_vector(N * C, 4);
+    std::vector<float> once(N * C, 0.0f), twice(N * C, 0.0f), dw(C), db(C), scratch(2 * N);
+    layernorm_backward(once.data(), dw.data(), db.data(), dout.data(), inp.data(), weight.data(), scratch.data(), N, C);
+    layernorm_backward(twice.data(), dw.data(), db.data(), dout.data(), inp.data(), weight.data(), scratch.data(), N, C);
+    layernorm_backward(twice.data(), dw.data(), db.data(), dout.data(), inp.data(), weight.data(), scratch.data(), N, C);
+    for (int i = 0; i < N * C; i++) EXPECT_NEAR(twice[i], 2 * once[i], 1e-5f * (1 + std::fabs(once[i])));
+}
+
+TEST(Kernels, MatmulBackwardMatchesFiniteDifferences) {
+    constexpr int OC = 10;
+    auto inp = random_vector(N * C, 5), weight = random_vector(OC * C, 6), bias = random_vector(OC, 7);
+    auto dout = random_vector(N * OC, 8);
+    std::vector<float> out(N * OC), dinp(N * C, 7.0f), dweight(OC * C, 0.0f), dbias(OC, 0.0f);
+    matmul_backward(dinp.data(), dweight.data(), dbias.data(), dout.data(), inp.data(), weight.data(), N, C, OC);
+    auto loss = [&] {
+        matmul_forward(out.data(), inp.data(), weight.data(), bias.data(), N, C, OC);
+        return weighted_sum(out.data(), dout);
+    };
+    EXPECT_LT(gradient_error(loss, inp.data(), dinp.data(), N * C), tolerance);
+    EXPECT_LT(gradient_error(loss, weight.data(), dweight.data(), OC * C), tolerance);
+    EXPECT_LT(gradient_error(loss, bias.data(), dbias.data(), OC), tolerance);
+}
+
+TEST(Kernels, MatmulWithoutBiasIsPlainProduct) {
+    constexpr int OC = 5;
+    auto inp = random_vector(N * C, 9), weight = random_vector(OC * C, 10);
+    std::vector<float> out(N * OC, 99.0f);
+    matmul_forward(out.data(), inp.data(), weight.data(), nullptr, N, C, OC);
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) {
+            double ref = 0;
+            for (int c = 0; c < C; c++) ref += double(inp[n * C + c]) * weight[o * C + c];
+            EXPECT_NEAR(out[n * OC + o], ref, 1e-4);
+        }
+}
+
+TEST(Kernels, GeluBackwardMatchesFiniteDifferences) {
+    auto inp = random_vector(N * C, 11, 2.0f), dout = random_vector(N * C, 12);
+    std::vector<float> out(N * C), dinp(N * C);
+    gelu_backward(dinp.data(), inp.data(), dout.data(), N * C);
+    auto loss = [&] {
+        gelu_forward(out.data(), inp.data(), N * C);
+        return weighted_sum(out.data(), dout);
+    };
+    EXPECT_LT(gradient_error(loss, inp.data(), dinp.data(), N * C), tolerance);
+    // the tanh approximation itself, at one point: gelu(1) = 0.841192
+    float one = 1.0f, g;
+    gelu_forward(&g, &one, 1);
+    EXPECT_NEAR(g, 0.8411920f, 1e-6f);
+}
+
+TEST(Kernels, EmbeddingBackwardMatchesFiniteDifferences) {
+    constexpr int V = 11, maxT = 9;
+    std::vector<int> tokens = {3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7};  // repeats on purpose
+    auto wte = random_vector(V * C, 13), wpe = random_vector(maxT * C, 14), dout = random_vector(N * C, 15);
+    std::vector<float> out(N * C), dwte(V * C, 0.0f), dwpe(maxT * C, 0.0f);
+    embedding_backward(dwte.data(), dwpe.data(), dout.data(), tokens.data(), B, T, C);
+    auto loss = [&] {
+        embedding_forward(out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
+        return weighted_sum(out.data(), dout);
+    };
+    EXPECT_LT(gradient_error(loss, wte.data(), dwte.data(), V * C), tolerance);
+    EXPECT_LT(gradient_error(loss, wpe.data(), dwpe.data(), maxT * C), tolerance);
+}
+
+TEST(Kernels, CrossEntropyBackwardMatchesFiniteDifferences) {
+    constexpr int V = 11, Vp = 16;
+    std::vector<int> targets = {0, 10, 3, 4, 7, 7, 1, 2, 9, 8, 6, 5, 0, 10};
+    auto logits = random_vector(N * Vp, 16, 2.0f);
+    std::vector<float> losses(N), lse(N);
+    auto loss = [&] {
+        crossentropy_forward(losses.data(), lse.data(), logits.data(), targets.data(), N, V, Vp);
+        double sum = 0;
+        for (float l : losses) sum += l;
+        return sum / N;
+    };
+    loss();
+    std::vector<float> dlogits = logits;
+    crossentropy_backward(dlogits.data(), lse.data(), targets.data(), 1.0f / N, N, V, Vp);
+    EXPECT_LT(gradient_error(loss, logits.data(), dlogits.data(), N * Vp), tolerance);
+    for (int n = 0; n < N; n++)
+        for (int v = V; v < Vp; v++) EXPECT_EQ(dlogits[n * Vp + v], 0.0f) << "padded column " << v;
+}
+
+static DropoutBox full_box(int64_t n0, int64_t n1, int64_t n2) { return {n0, n1, n2, n1, n2, 0, 0, 0}; }
+
+TEST(Kernels, DropoutBackwardMatchesFiniteDifferences) {
+    const float p = 0.3f;
+    DropoutKey key{42, 3, 1, DropoutSite::attention_proj};
+    auto inp = random_vector(N * C, 17), dout = random_vector(N * C, 18);
+    std::vector<float> out(N * C), dinp(N * C);
+    std::vector<uint8_t> mask(N * C);
+    auto loss = [&] {
+        dropout_forward(out.data(), mask.data(), inp.data(), full_box(B, T, C), p, key);
+        return weighted_sum(out.data(), dout);
+    };
+    loss();
+    dropout_backward(dinp.data(), mask.data(), dout.data(), N * C, p);
+    EXPECT_LT(gradient_error(loss, inp.data(), dinp.data(), N * C), tolerance);
+}
+
+static void attention_gradient_check(float p) {
+    SCOPED_TRACE("dropout " + std::to_string(p));
+    DropoutKey key{7, 2, 0, DropoutSite::attention_probs};
+    DropoutBox box = full_box(B, NH, T * T);
+    auto qkv = random_vector(N * 3 * C, 19), dout = random_vector(N * C, 20);
+    std::vector<float> out(N * C), softmax_out(B * NH * T * T), dropped(B * NH * T * T), dqkv(N * 3 * C, 5.0f);
+    std::vector<float> scratch(64 * T);
+    std::vector<uint8_t> mask(B * NH * T * T);
+    auto loss = [&] {
+        attention_forward(out.data(), softmax_out.data(), mask.data(), dropped.data(), qkv.data(), B, T, C, NH, p,
+                          box, key);
+        return weighted_sum(out.data(), dout);
+    };
+    loss();
+    attention_backward(dqkv.data(), dout.data(), qkv.data(), softmax_out.data(), mask.data(), dropped.data(),
+                       scratch.data(), B, T, C, NH, p);
+    EXPECT_LT(gradient_error(loss, qkv.data(), dqkv.data(), N * 3 * C, 1e-2f, 2000), tolerance);
+    // causal: nothing above the diagonal, rows of S' sum to 1
+    for (int r = 0; r < B * NH * T; r++) {
+        int t = r % T;
+        double sum = 0;
+        for (int t2 = 0; t2 < T; t2++) {
+            if (t2 > t) EXPECT_EQ(softmax_out[r * T + t2], 0.0f);
+            sum += softmax_out[r * T + t2];
+        }
+        EXPECT_NEAR(sum, 1.0, 1e-5);
+    }
+}
+
+TEST(Kernels, AttentionBackwardMatchesFiniteDifferences) { attention_gradient_check(0.0f); }
+TEST(Kernels, AttentionBackwardWithDropoutMatchesFiniteDifferences) { attention_gradient_check(0.25f); }
+
+TEST(Kernels, ResidualForwardAdds) {
+    auto a = random_vector(100, 21), b = random_vector(100, 22);
+    std::vector<float> out(100);
+    residual_forward(out.data(), a.data(), b.data(), 100);
+    for (int i = 0; i < 100; i++) EXPECT_EQ(out[i], a[i] + b[i]);
+}
+
+// ----------------------------------------------------------------------------
+// dropout masks
+
+TEST(Dropout, SameKeyDrawsTheSameMaskAndOtherKeysDoNot) {
+    const int n0 = 3, n1 = 17, n2 = 29;
+    std::vector<float> inp(n0 * n1 * n2, 1.0f), out(inp.size());
+    std::vector<uint8_t> first(inp.size()), again(inp.size()), other_step(inp.size()), other_site(inp.size());
+    DropoutKey key{1234, 5, 2, DropoutSite::mlp_fc2};
+    dropout_forward(out.data(), first.data(), inp.data(), full_box(n0, n1, n2), 0.5f, key);
+    dropout_forward(out.data(), again.data(), inp.data(), full_box(n0, n1, n2), 0.5f, key);
+    EXPECT_EQ(first, again);
+    DropoutKey later = key;
+    later.step = 6;
+    dropout_forward(out.data(), other_step.data(), inp.data(), full_box(n0, n1, n2), 0.5f, later);
+    EXPECT_NE(first, other_step);
+    DropoutKey site = key;
+    site.site = DropoutSite::attention_proj;
+    dropout_forward(out.data(), other_site.data(), inp.data(), full_box(n0, n1, n2), 0.5f, site);
+    EXPECT_NE(first, other_site);
+}
+
+TEST(Dropout, AShardDrawsTheSameMaskAsItsPlaceInTheWholeTensor) {
+    // a [2, 12, 10] tensor; the shard is the sequence slice 4..7 of it, as a
+    // TP rank under sequence parallelism would hold it.
+    const int b = 2, s = 12, h = 10, s0 = 4, sn = 3;
+    DropoutKey key{99, 1, 0, DropoutSite::embedding};
+    std::vector<float> whole_in(b * s * h, 1.0f), whole_out(whole_in.size());
+    std::vector<uint8_t> whole_mask(whole_in.size());
+    dropout_forward(whole_out.data(), whole_mask.data(), whole_in.data(), full_box(b, s, h), 0.4f, key);
+    std::vector<float> shard_in(b * sn * h, 1.0f), shard_out(shard_in.size());
+    std::vector<uint8_t> shard_mask(shard_in.size());
+    DropoutBox shard{b, sn, h, s, h, 0, s0, 0};
+    dropout_forward(shard_out.data(), shard_mask.data(), shard_in.data(), shard, 0.4f, key);
+    for (int i = 0; i < b; i++)
+        for (int t = 0; t < sn; t++)
+            for (int c = 0; c < h; c++)
+                EXPECT_EQ(shard_mask[(i * sn + t) * h + c], whole_mask[(i * s + s0 + t) * h + c]);
+}
+
+TEST(Dropout, KeepRateIsWithinThreeSigmaOfOneMinusP) {
+    for (float p : {0.1f, 0.5f}) {
+        const int64_t n = 1 << 20;
+        std::vector<float> inp(n, 1.0f), out(n);
+        std::vector<uint8_t> mask(n);
+        dropout_forward(out.data(), mask.data(), inp.data(), full_box(1, 1024, 1024), p, {3, 0, 0, DropoutSite::embedding});
+        double kept = 0, sum = 0;
+        for (int64_t i = 0; i < n; i++) {
+            kept += mask[i];
+            sum += out[i];
+        }
+        double sigma = std::sqrt(p * (1 - p) / n);
+        EXPECT_NEAR(kept / n, 1 - p, 3 * sigma) << "p = " << p;
+        EXPECT_NEAR(sum / n, 1.0, 3 * sigma / (1 - p)) << "inverted dropout keeps the mean";
+    }
+}

@@ -1,0 +1,252 @@
+#include "train/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <functional>
+#include <map>
+
+namespace tpsp {
+
+namespace {
+
+// One config key: its dotted name, its type, a one-line description, how to
+// reach its field, and what values are possible.
+struct Key {
+    std::string name;
+    std::string type;  // "int", "float", "bool", "string"
+    std::string help;
+    std::function<void(Config&, const std::string&)> set;  // throws std::invalid_argument("expected …")
+    std::function<std::string(const Config&)> show;
+};
+
+long long parse_int(const std::string& text) {
+    char* end = nullptr;
+    errno = 0;
+    long long v = std::strtoll(text.c_str(), &end, 10);
+    if (text.empty() || *end || errno) throw std::invalid_argument("expected an integer, got '" + text + "'");
+    return v;
+}
+
+double parse_float(const std::string& text) {
+    char* end = nullptr;
+    errno = 0;
+    double v = std::strtod(text.c_str(), &end);
+    if (text.empty() || *end || errno) throw std::invalid_argument("expected a number, got '" + text + "'");
+    return v;
+}
+
+bool parse_bool(const std::string& text) {
+    if (text == "true") return true;
+    if (text == "false") return false;
+    throw std::invalid_argument("expected true or false, got '" + text + "'");
+}
+
+// Builders for the four kinds of key. `min` is the smallest allowed value.
+Key int_key(std::string name, int& (*field)(Config&), long long min, std::string help) {
+    return {name, "int", help,
+            [=](Config& c, const std::string& text) {
+                long long v = parse_int(text);
+                if (v < min || v > 2147483647) throw std::invalid_argument("must be ≥ " + std::to_string(min) + ", got " + text);
+                field(c) = int(v);
+            },
+            [=](const Config& c) { return std::to_string(field(const_cast<Config&>(c))); }};
+}
+
+Key float_key(std::string name, float& (*field)(Config&), double min, double below, std::string help) {
+    return {name, "float", help,
+            [=](Config& c, const std::string& text) {
+                double v = parse_float(text);
+                if (!(v >= min && v < below))
+                    throw std::invalid_argument("must be in [" + std::to_string(min) + ", " + std::to_string(below) +
+                                                "), got " + text);
+                field(c) = float(v);
+            },
+            [=](const Config& c) {
+                char buf[32];
+                std::snprintf(buf, sizeof buf, "%g", field(const_cast<Config&>(c)));
+                return std::string(buf);
+            }};
+}
+
+Key bool_key(std::string name, bool& (*field)(Config&), std::string help) {
+    return {name, "bool", help, [=](Config& c, const std::string& text) { field(c) = parse_bool(text); },
+            [=](const Config& c) { return std::string(field(const_cast<Config&>(c)) ? "true" : "false"); }};
+}
+
+Key string_key(std::string name, std::string& (*field)(Config&), std::vector<std::string> choices, std::string help) {
+    return {name, "string", help,
+            [=](Config& c, const std::string& text) {
+                if (!choices.empty() && std::find(choices.begin(), choices.end(), text) == choices.end()) {
+                    std::string list;
+                    for (const std::string& s : choices) list += (list.empty() ? "" : " | ") + s;
+                    throw std::invalid_argument("must be one of " + list + ", got '" + text + "'");
+                }
+                field(c) = text;
+            },
+            [=](const Config& c) { return "\"" + field(const_cast<Config&>(c)) + "\""; }};
+}
+
+const std::vector<Key>& keys() {
+    static const std::vector<Key> all = {
+        int_key("model.layers", [](Config& c) -> int& { return c.model.layers; }, 1, "transformer blocks L"),
+        int_key("model.heads", [](Config& c) -> int& { return c.model.heads; }, 1, "attention heads a"),
+        int_key("model.channels", [](Config& c) -> int& { return c.model.channels; }, 1, "hidden size h (C)"),
+        int_key("model.vocab_size", [](Config& c) -> int& { return c.model.vocab_size; }, 2, "real vocabulary V"),
+        int_key("model.padded_vocab_size", [](Config& c) -> int& { return c.model.padded_vocab_size; }, 0,
+                "rows of wte, ≥ V; 0 rounds V up to a multiple of 128"),
+        int_key("model.max_seq_len", [](Config& c) -> int& { return c.model.max_seq_len; }, 0,
+                "rows of wpe; 0 means train.seq_len"),
+        float_key("model.dropout", [](Config& c) -> float& { return c.model.dropout; }, 0.0, 1.0,
+                  "dropout probability at all four sites"),
+        string_key("data.train", [](Config& c) -> std::string& { return c.data.train; }, {},
+                   "glob of training token shards (llm.c format)"),
+        string_key("data.val", [](Config& c) -> std::string& { return c.data.val; }, {},
+                   "glob of validation token shards; \"\" for none"),
+        int_key("train.batch_size", [](Config& c) -> int& { return c.train.batch_size; }, 1, "micro-batch b"),
+        int_key("train.seq_len", [](Config& c) -> int& { return c.train.seq_len; }, 1, "sequence length s"),
+        int_key("train.grad_accum", [](Config& c) -> int& { return c.train.grad_accum; }, 1,
+                "micro-batches per optimizer step"),
+        int_key("train.steps", [](Config& c) -> int& { return c.train.steps; }, 1, "optimizer steps"),
+        int_key("train.warmup_steps", [](Config& c) -> int& { return c.train.warmup_steps; }, 0,
+                "linear warmup from 0 to lr"),
+        float_key("train.lr", [](Config& c) -> float& { return c.train.lr; }, 0.0, 1e9, "peak learning rate"),
+        float_key("train.min_lr_ratio", [](Config& c) -> float& { return c.train.min_lr_ratio; }, 0.0, 1.0000001,
+                  "cosine decays to lr × this"),
+        string_key("train.lr_schedule", [](Config& c) -> std::string& { return c.train.lr_schedule; },
+                   {"cosine", "constant"}, "after warmup: cosine decay or constant"),
+        float_key("train.beta1", [](Config& c) -> float& { return c.train.beta1; }, 0.0, 1.0, "AdamW β1"),
+        float_key("train.beta2", [](Config& c) -> float& { return c.train.beta2; }, 0.0, 1.0, "AdamW β2"),
+        float_key("train.eps", [](Config& c) -> float& { return c.train.eps; }, 0.0, 1.0, "AdamW ε"),
+        float_key("train.weight_decay", [](Config& c) -> float& { return c.train.weight_decay; }, 0.0, 1e9,
+                  "decoupled weight decay"),
+        bool_key("train.decay_all", [](Config& c) -> bool& { return c.train.decay_all; },
+                 "decay every tensor, not only the matrices"),
+        float_key("train.grad_clip", [](Config& c) -> float& { return c.train.grad_clip; }, 0.0, 1e30,
+                  "clip the global gradient norm to this; 0 is off"),
+        int_key("train.val_every", [](Config& c) -> int& { return c.train.val_every; }, 0,
+                "validation loss every N steps (and at the end); 0 is never"),
+        int_key("train.val_batches", [](Config& c) -> int& { return c.train.val_batches; }, 1,
+                "batches per validation"),
+        {"train.seed", "int", "seed of the initial weights and of the dropout masks",
+         [](Config& c, const std::string& text) {
+             long long v = parse_int(text);
+             if (v < 0) throw std::invalid_argument("must be ≥ 0, got " + text);
+             c.train.seed = uint64_t(v);
+         },
+         [](const Config& c) { return std::to_string(c.train.seed); }},
+        int_key("train.threads", [](Config& c) -> int& { return c.train.threads; }, 0,
+                "OpenMP threads per rank; 0 is OpenMP's default"),
+        int_key("parallel.tp", [](Config& c) -> int& { return c.parallel.tp; }, 1, "tensor-parallel size t"),
+        bool_key("parallel.sequence_parallel", [](Config& c) -> bool& { return c.parallel.sequence_parallel; },
+                 "shard LayerNorm/dropout/residual along the sequence (SP)"),
+        string_key("checkpoint.dir", [](Config& c) -> std::string& { return c.checkpoint.dir; }, {},
+                   "where checkpoints go; \"\" for none"),
+        int_key("checkpoint.every", [](Config& c) -> int& { return c.checkpoint.every; }, 0,
+                "save every N steps (and at the end); 0 only at the end"),
+        string_key("checkpoint.init", [](Config& c) -> std::string& { return c.checkpoint.init; }, {},
+                   "start from these weights (llm.c checkpoint)"),
+        string_key("checkpoint.resume", [](Config& c) -> std::string& { return c.checkpoint.resume; }, {},
+                   "continue the run saved in this directory"),
+        int_key("logging.every", [](Config& c) -> int& { return c.logging.every; }, 1, "print every N steps"),
+        string_key("logging.metrics", [](Config& c) -> std::string& { return c.logging.metrics; }, {},
+                   "append JSON lines of metrics to this file"),
+    };
+    return all;
+}
+
+const Key* find_key(const std::string& name) {
+    for (const Key& k : keys())
+        if (k.name == name) return &k;
+    return nullptr;
+}
+
+void apply(Config& c, const std::string& where, const std::string& name, const std::string& value) {
+    const Key* key = find_key(name);
+    if (!key) throw ConfigError(where + ": unknown key " + name);
+    try {
+        key->set(c, value);
+    } catch (const std::invalid_argument& e) {
+        throw ConfigError(where + ": " + name + ": " + e.what());
+    }
+}
+
+// Relations between keys, named by the key that has to change.
+void validate(const Config& c, const std::string& where) {
+    auto fail = [&](const std::string& key, const std::string& what) { throw ConfigError(where + ": " + key + ": " + what); };
+    if (c.model.channels % c.model.heads != 0)
+        fail("model.heads", std::to_string(c.model.heads) + " does not divide model.channels = " +
+                                std::to_string(c.model.channels));
+    if (c.model.padded_vocab_size != 0 && c.model.padded_vocab_size < c.model.vocab_size)
+        fail("model.padded_vocab_size", "must be ≥ model.vocab_size = " + std::to_string(c.model.vocab_size));
+    if (c.model.vocab_size > 65536) fail("model.vocab_size", "token shards hold uint16 tokens: at most 65536");
+    if (c.model.max_seq_len != 0 && c.model.max_seq_len < c.train.seq_len)
+        fail("model.max_seq_len", "must be ≥ train.seq_len = " + std::to_string(c.train.seq_len));
+    if (c.parallel.tp != 1) fail("parallel.tp", "only 1 is implemented so far (tensor parallelism is the next issue)");
+    if (!c.checkpoint.init.empty() && !c.checkpoint.resume.empty())
+        fail("checkpoint.init", "give checkpoint.init or checkpoint.resume, not both");
+    if (c.train.warmup_steps > c.train.steps)
+        fail("train.warmup_steps", "must be ≤ train.steps = " + std::to_string(c.train.steps));
+}
+
+}  // namespace
+
+GPTConfig Config::gpt() const {
+    GPTConfig g;
+    g.num_layers = model.layers;
+    g.num_heads = model.heads;
+    g.channels = model.channels;
+    g.vocab_size = model.vocab_size;
+    g.padded_vocab_size = model.padded_vocab_size ? model.padded_vocab_size : (model.vocab_size + 127) / 128 * 128;
+    g.max_seq_len = model.max_seq_len ? model.max_seq_len : train.seq_len;
+    return g;
+}
+
+RunShape Config::run_shape() const { return {train.batch_size, train.seq_len, model.dropout}; }
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+    Config c;
+    if (!path.empty()) {
+        YAML::Node root;
+        try {
+            root = YAML::LoadFile(path);
+        } catch (const YAML::BadFile&) {
+            throw ConfigError(path + ": cannot open config");
+        } catch (const YAML::Exception& e) {
+            throw ConfigError(path + ":" + std::to_string(e.mark.line + 1) + ": malformed YAML: " + e.msg);
+        }
+        if (root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
+        if (!root.IsMap()) throw ConfigError(path + ": the config must be a map of sections");
+        for (const auto& section : root) {
+            std::string name = section.first.as<std::string>();
+            std::string where = path + ":" + std::to_string(section.first.Mark().line + 1);
+            if (!section.second.IsMap())
+                throw ConfigError(where + ": " + name + ": expected a section (a map of keys)");
+            for (const auto& entry : section.second) {
+                std::string key = name + "." + entry.first.as<std::string>();
+                std::string at = path + ":" + std::to_string(entry.first.Mark().line + 1);
+                if (!find_key(key)) throw ConfigError(at + ": unknown key " + key);
+                if (!entry.second.IsScalar()) throw ConfigError(at + ": " + key + ": expected a single value");
+                apply(c, at, key, entry.second.Scalar());
+            }
+        }
+    }
+    for (const std::string& o : overrides) {
+        size_t eq = o.find('=');
+        if (eq == std::string::npos) throw ConfigError("override '" + o + "': expected section.key=value");
+        apply(c, "override " + o.substr(0, eq), o.substr(0, eq), o.substr(eq + 1));
+    }
+    validate(c, path.empty() ? "config" : path);
+    return c;
+}
+
+std::string config_reference() {
+    Config defaults;
+    std::string out = "| key | type | default | meaning |\n|---|---|---|---|\n";
+    for (const Key& k : keys()) out += "| `" + k.name + "` | " + k.type + " | `" + k.show(defaults) + "` | " + k.help + " |\n";
+    return out;
+}
+
+}  // namespace tpsp

@@ -1,0 +1,130 @@
+// tpsp: a GPT-2 trainer with every pass written by hand.
+//
+//   tpsp train   CONFIG.yaml [section.key=value ...]
+//   tpsp memory  CONFIG.yaml [section.key=value ...]
+//   tpsp bench   CONFIG.yaml [section.key=value ...] [--steps N]
+//   tpsp prepare --tokenizer byte INPUT.txt OUT_DIR [--val-fraction F]
+//   tpsp config-reference
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "data/byte_tokenizer.h"
+#include "model/checkpoint.h"
+#include "model/memory_report.h"
+#include "train/benchmark.h"
+#include "train/config.h"
+#include "train/trainer.h"
+
+using namespace tpsp;
+
+static const char* usage =
+    "usage:\n"
+    "  tpsp train   CONFIG.yaml [section.key=value ...]   train as the config says\n"
+    "  tpsp memory  CONFIG.yaml [section.key=value ...]   print the activation table and its formula\n"
+    "  tpsp bench   CONFIG.yaml [section.key=value ...] [--steps N]\n"
+    "                                                     time forward+backward: ms, tokens/s, MFU\n"
+    "  tpsp prepare --tokenizer byte INPUT.txt OUT_DIR [--val-fraction F]\n"
+    "                                                     text -> llm.c token shards\n"
+    "  tpsp config-reference                              every config key, its type and default\n";
+
+// Splits "CONFIG key=value ... [--flag value ...]" into its parts.
+struct ConfigArgs {
+    std::string path;
+    std::vector<std::string> overrides;
+    std::vector<std::pair<std::string, std::string>> flags;
+};
+
+static ConfigArgs parse_config_args(int argc, char** argv, int first) {
+    ConfigArgs args;
+    for (int i = first; i < argc; i++) {
+        std::string a = argv[i];
+        if (a.rfind("--", 0) == 0) {
+            if (i + 1 >= argc) throw ConfigError("option " + a + " needs a value");
+            args.flags.push_back({a, argv[++i]});
+        } else if (a.find('=') != std::string::npos) {
+            args.overrides.push_back(a);
+        } else if (args.path.empty()) {
+            args.path = a;
+        } else {
+            throw ConfigError("unexpected argument '" + a + "' (overrides look like section.key=value)");
+        }
+    }
+    if (args.path.empty()) throw ConfigError("missing CONFIG.yaml\n" + std::string(usage));
+    return args;
+}
+
+static int command_memory(const ConfigArgs& args) {
+    Config cfg = load_config(args.path, args.overrides);
+    for (const auto& flag : args.flags) throw ConfigError("tpsp memory: unknown option " + flag.first);
+    MemoryReport report = memory_report(cfg.gpt(), cfg.run_shape(), omp_get_max_threads());
+    std::fputs(report.text.c_str(), stdout);
+    return report.block_bytes == report.block_formula_bytes ? 0 : 1;
+}
+
+static int command_bench(const ConfigArgs& args) {
+    Config cfg = load_config(args.path, args.overrides);
+    BenchOptions options;
+    for (const auto& [flag, value] : args.flags) {
+        if (flag == "--steps") options.steps = std::max(1, std::atoi(value.c_str()));
+        else throw ConfigError("tpsp bench: unknown option " + flag);
+    }
+    if (cfg.train.threads > 0) omp_set_num_threads(cfg.train.threads);
+    run_benchmark(cfg.gpt(), cfg.run_shape(), options, args.path.c_str());
+    return 0;
+}
+
+static int command_prepare(int argc, char** argv) {
+    std::string tokenizer, input, out_dir;
+    PrepareOptions options;
+    for (int i = 2; i < argc; i++) {
+        std::string a = argv[i];
+        if (a == "--tokenizer" && i + 1 < argc) tokenizer = argv[++i];
+        else if (a == "--val-fraction" && i + 1 < argc) options.val_fraction = std::atof(argv[++i]);
+        else if (a.rfind("--", 0) == 0) throw ConfigError("tpsp prepare: unknown option " + a);
+        else if (input.empty()) input = a;
+        else if (out_dir.empty()) out_dir = a;
+        else throw ConfigError("tpsp prepare: unexpected argument '" + a + "'");
+    }
+    if (tokenizer != "byte") throw ConfigError("tpsp prepare: --tokenizer must be 'byte' (got '" + tokenizer + "')");
+    if (input.empty() || out_dir.empty()) throw ConfigError("tpsp prepare: need INPUT.txt and OUT_DIR");
+    if (!(options.val_fraction > 0 && options.val_fraction < 1))
+        throw ConfigError("tpsp prepare: --val-fraction must be in (0, 1)");
+    prepare_byte_shards(input, out_dir, options);
+    return 0;
+}
+
+int main(int argc, char** argv) {
+    if (argc < 2 || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "--help")) {
+        std::fputs(usage, argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    std::string command = argv[1];
+    try {
+        if (command == "train") {
+            ConfigArgs args = parse_config_args(argc, argv, 2);
+            for (const auto& flag : args.flags) throw ConfigError("tpsp train: unknown option " + flag.first);
+            return train(load_config(args.path, args.overrides));
+        }
+        if (command == "memory") return command_memory(parse_config_args(argc, argv, 2));
+        if (command == "bench") return command_bench(parse_config_args(argc, argv, 2));
+        if (command == "prepare") return command_prepare(argc, argv);
+        if (command == "config-reference") {
+            std::fputs(config_reference().c_str(), stdout);
+            return 0;
+        }
+        std::fprintf(stderr, "tpsp: unknown command '%s'\n%s", command.c_str(), usage);
+        return 2;
+    } catch (const ConfigError& e) {
+        std::fprintf(stderr, "tpsp: config error: %s\n", e.what());
+    } catch (const FileError& e) {
+        std::fprintf(stderr, "tpsp: error: %s\n", e.what());
+    } catch (const std::bad_alloc&) {
+        std::fprintf(stderr, "tpsp: error: out of memory (reduce train.batch_size or the model)\n");
+    }
+    return 1;
+}
