@@ -78,7 +78,7 @@ std::vector<TensorSpec> workspace_table(const GPTConfig& c, const RunShape& r, i
         f32_tensor("narrow_grad", {b, s, h}, &w->narrow_grad),
         f32_tensor("wide_grad", {b, s, h4}, &w->wide_grad),
         f32_tensor("ln_stats", {{2, "2"}, b, s}, &w->ln_stats),
-        f32_tensor("attention_scratch", {{threads, "threads"}, s}, &w->attention_scratch),
+        f32_tensor("attention_scratch", {{threads, "threads"}, s, s}, &w->attention_scratch),
     };
 }
 

@@ -75,7 +75,7 @@ struct Workspace {
     float* narrow_grad;        // [b, s, h]  gradient of an LN output or of the attention output
     float* wide_grad;          // [b, s, 4h] gradient of fc1's output, or of qkv
     float* ln_stats;           // [2, b, s]  LayerNorm statistics recomputed in backward
-    float* attention_scratch;  // [threads, s] one row of attention gradient per thread
+    float* attention_scratch;  // [threads, s, s] one head's score gradient per thread
 };
 
 std::vector<TensorSpec> block_activation_table(const GPTConfig& config, const RunShape& shape, BlockActivations* a);

@@ -152,7 +152,7 @@ static void attention_gradient_check(float p) {
     DropoutBox box = full_box(B, NH, T * T);
     auto qkv = random_vector(N * 3 * C, 19), dout = random_vector(N * C, 20);
     std::vector<float> out(N * C), softmax_out(B * NH * T * T), dropped(B * NH * T * T), dqkv(N * 3 * C, 5.0f);
-    std::vector<float> scratch(64 * T);
+    std::vector<float> scratch(64 * T * T);
     std::vector<uint8_t> mask(B * NH * T * T);
     auto loss = [&] {
         attention_forward(out.data(), softmax_out.data(), mask.data(), dropped.data(), qkv.data(), B, T, C, NH, p,

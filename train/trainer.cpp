@@ -121,6 +121,9 @@ int train(const Config& cfg) {
 
     FILE* metrics = nullptr;
     if (!cfg.logging.metrics.empty()) {
+        std::filesystem::path parent = std::filesystem::path(cfg.logging.metrics).parent_path();
+        std::error_code ec;
+        if (!parent.empty()) std::filesystem::create_directories(parent, ec);
         metrics = std::fopen(cfg.logging.metrics.c_str(), start_step > 0 ? "a" : "w");
         if (!metrics) throw FileError(cfg.logging.metrics + ": cannot open metrics file for writing");
     }

@@ -4,12 +4,28 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 
 #include "model/kernels/philox.h"
 
 namespace tpsp {
+
+// exp(x) written so that `omp simd` loops vectorise it (libm's expf and tanhf
+// do not, short of -ffast-math): x = k·ln2 + r with |r| ≤ ln2/2, e^r by its
+// degree-6 Taylor polynomial (relative error < 3e-7), 2^k built in the
+// exponent bits. Inputs are clamped to [-87, 88], the range of normal floats.
+static inline float vector_exp(float x) {
+    x = std::min(std::max(x, -87.0f), 88.0f);
+    float k = std::floor(x * 1.44269504f + 0.5f);
+    float r = x - k * 0.693145751953125f - k * 1.428606765330187e-6f;
+    float p = 1.0f + r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 + r * (1.0f / 720))))));
+    return p * std::bit_cast<float>((int32_t(k) + 127) << 23);
+}
+
+// tanh(u) = 1 − 2 / (e^{2u} + 1), vectorisable through vector_exp.
+static inline float vector_tanh(float u) { return 1.0f - 2.0f / (vector_exp(2.0f * u) + 1.0f); }
 
 // ----------------------------------------------------------------------------
 // dropout: the random bits of global element g are lane g % 4 of one Philox
@@ -213,7 +229,7 @@ void gelu_forward(float* out, const float* inp, int64_t N) {
 #pragma omp parallel for simd
     for (int64_t i = 0; i < N; i++) {
         float x = inp[i];
-        out[i] = 0.5f * x * (1.0f + std::tanh(gelu_scale * (x + 0.044715f * x * x * x)));
+        out[i] = 0.5f * x * (1.0f + vector_tanh(gelu_scale * (x + 0.044715f * x * x * x)));
     }
 }
 
@@ -222,7 +238,7 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N) 
     for (int64_t i = 0; i < N; i++) {
         float x = inp[i];
         float u = gelu_scale * (x + 0.044715f * x * x * x);
-        float th = std::tanh(u);
+        float th = vector_tanh(u);
         float sech2 = 1.0f - th * th;
         float du_dx = gelu_scale * (1.0f + 3.0f * 0.044715f * x * x);
         dinp[i] = dout[i] * (0.5f * (1.0f + th) + 0.5f * x * sech2 * du_dx);
@@ -238,65 +254,54 @@ void residual_forward(float* out, const float* inp1, const float* inp2, int64_t 
 }
 
 // ----------------------------------------------------------------------------
-// attention
+// attention: per (batch, head) pair, small GEMMs on strided views of qkv.
+// Inside an OpenMP parallel region the OpenMP build of OpenBLAS runs each
+// GEMM on the calling thread, so the pairs run in parallel.
 
-static float dot(const float* a, const float* b, int n) {
-    float sum = 0.0f;
+// Causal softmax of each row of scores [T, T], in place; zero above the diagonal.
+static void causal_softmax(float* scores, int T) {
+    for (int t = 0; t < T; t++) {
+        float* row = scores + int64_t(t) * T;
+        float maxval = -INFINITY;
+        for (int t2 = 0; t2 <= t; t2++) maxval = std::max(maxval, row[t2]);
+        float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-    for (int i = 0; i < n; i++) sum += a[i] * b[i];
-    return sum;
-}
-
-static void axpy(float* y, float alpha, const float* x, int n) {
-#pragma omp simd
-    for (int i = 0; i < n; i++) y[i] += alpha * x[i];
+        for (int t2 = 0; t2 <= t; t2++) {
+            row[t2] = vector_exp(row[t2] - maxval);
+            sum += row[t2];
+        }
+        float inv = 1.0f / sum;
+        for (int t2 = 0; t2 <= t; t2++) row[t2] *= inv;
+        for (int t2 = t + 1; t2 < T; t2++) row[t2] = 0.0f;
+    }
 }
 
 void attention_forward(float* out, float* softmax_out, uint8_t* dropout_mask, float* dropout_out,
                        const float* qkv, int B, int T, int C, int NH, float p, const DropoutBox& box,
                        const DropoutKey& key) {
-    int hs = C / NH;
-    int64_t C3 = 3 * int64_t(C);
-    float scale = 1.0f / std::sqrt(float(hs));
-    // S' = causal softmax(Q K^T * scale), one row (b, h, t) at a time
-#pragma omp parallel for collapse(3)
+    const int hs = C / NH, C3 = 3 * C;
+    const float scale = 1.0f / std::sqrt(float(hs));
+    // S' = causal softmax(Q K^T · scale)
+#pragma omp parallel for collapse(2)
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < NH; h++) {
-            for (int t = 0; t < T; t++) {
-                const float* q = qkv + (int64_t(b) * T + t) * C3 + h * hs;
-                float* row = softmax_out + ((int64_t(b) * NH + h) * T + t) * T;
-                float maxval = -INFINITY;
-                for (int t2 = 0; t2 <= t; t2++) {
-                    const float* k = qkv + (int64_t(b) * T + t2) * C3 + C + h * hs;
-                    row[t2] = dot(q, k, hs) * scale;
-                    maxval = std::max(maxval, row[t2]);
-                }
-                float sum = 0.0f;
-                for (int t2 = 0; t2 <= t; t2++) {
-                    row[t2] = std::exp(row[t2] - maxval);
-                    sum += row[t2];
-                }
-                float inv = 1.0f / sum;
-                for (int t2 = 0; t2 <= t; t2++) row[t2] *= inv;
-                for (int t2 = t + 1; t2 < T; t2++) row[t2] = 0.0f;
-            }
+            const float* q = qkv + int64_t(b) * T * C3 + h * hs;  // [T, hs], row stride 3C
+            const float* k = q + C;
+            float* scores = softmax_out + (int64_t(b) * NH + h) * T * T;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, q, C3, k, C3, 0.0f, scores, T);
+            causal_softmax(scores, T);
         }
     }
     // S = dropout(S')
     dropout_forward(dropout_out, dropout_mask, softmax_out, box, p, key);
     // out = S V
-#pragma omp parallel for collapse(3)
+#pragma omp parallel for collapse(2)
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < NH; h++) {
-            for (int t = 0; t < T; t++) {
-                const float* s = dropout_out + ((int64_t(b) * NH + h) * T + t) * T;
-                float* o = out + (int64_t(b) * T + t) * C + h * hs;
-                std::fill(o, o + hs, 0.0f);
-                for (int t2 = 0; t2 <= t; t2++) {
-                    const float* v = qkv + (int64_t(b) * T + t2) * C3 + 2 * C + h * hs;
-                    axpy(o, s[t2], v, hs);
-                }
-            }
+            const float* v = qkv + int64_t(b) * T * C3 + 2 * C + h * hs;
+            const float* s = dropout_out + (int64_t(b) * NH + h) * T * T;
+            float* o = out + int64_t(b) * T * C + h * hs;  // [T, hs], row stride C
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, s, T, v, C3, 0.0f, o, C);
         }
     }
 }
@@ -304,48 +309,42 @@ void attention_forward(float* out, float* softmax_out, uint8_t* dropout_mask, fl
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* softmax_out,
                         const uint8_t* dropout_mask, const float* dropout_out, float* scratch, int B, int T,
                         int C, int NH, float p) {
-    int hs = C / NH;
-    int64_t C3 = 3 * int64_t(C);
-    float scale = 1.0f / std::sqrt(float(hs));
-    // (b, h) pairs in parallel: each owns its columns of dqkv, so no races.
+    const int hs = C / NH, C3 = 3 * C;
+    const float scale = 1.0f / std::sqrt(float(hs));
+    // (b, h) pairs in parallel: each owns its columns of dqkv.
 #pragma omp parallel for collapse(2)
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < NH; h++) {
-            float* drow = scratch + int64_t(omp_get_thread_num()) * T;
-            // dQ, dK, dV of this head accumulate below: clear them first
+            int64_t pair = int64_t(b) * NH + h;
+            const float* q = qkv + int64_t(b) * T * C3 + h * hs;
+            const float* k = q + C;
+            const float* v = q + 2 * C;
+            float* dq = dqkv + int64_t(b) * T * C3 + h * hs;
+            float* dk = dq + C;
+            float* dv = dq + 2 * C;
+            const float* d = dout + int64_t(b) * T * C + h * hs;
+            const float* sp = softmax_out + pair * T * T;  // S'
+            const float* s = dropout_out + pair * T * T;   // S
+            const uint8_t* mask = dropout_mask + pair * T * T;
+            float* ds = scratch + int64_t(omp_get_thread_num()) * T * T;
+            // dV = S^T dO, dS = dO V^T
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, s, T, d, C, 0.0f, dv, C3);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, d, C, v, C3, 0.0f, ds, T);
+            // dS' = dropout backward of dS (the mask only); then softmax backward
+            // from its output: dD = S' ∘ (dS' − Σ_row S' ∘ dS'), times the score scale
+            dropout_backward(ds, mask, ds, int64_t(T) * T, p);
             for (int t = 0; t < T; t++) {
-                float* dq = dqkv + (int64_t(b) * T + t) * C3 + h * hs;
-                std::fill(dq, dq + hs, 0.0f);
-                std::fill(dq + C, dq + C + hs, 0.0f);
-                std::fill(dq + 2 * C, dq + 2 * C + hs, 0.0f);
+                float* row = ds + int64_t(t) * T;
+                const float* sp_row = sp + int64_t(t) * T;
+                float weighted = 0.0f;
+#pragma omp simd reduction(+ : weighted)
+                for (int t2 = 0; t2 <= t; t2++) weighted += sp_row[t2] * row[t2];
+#pragma omp simd
+                for (int t2 = 0; t2 < T; t2++) row[t2] = sp_row[t2] * (row[t2] - weighted) * scale;
             }
-            for (int t = 0; t < T; t++) {
-                int64_t row_at = ((int64_t(b) * NH + h) * T + t) * T;
-                const float* sp = softmax_out + row_at;  // S'
-                const float* s = dropout_out + row_at;   // S
-                const float* d = dout + (int64_t(b) * T + t) * C + h * hs;
-                const float* q = qkv + (int64_t(b) * T + t) * C3 + h * hs;
-                float* dq = dqkv + (int64_t(b) * T + t) * C3 + h * hs;
-                // dS = dO V^T and dV += S^T dO, for this row
-                for (int t2 = 0; t2 <= t; t2++) {
-                    const float* v = qkv + (int64_t(b) * T + t2) * C3 + 2 * C + h * hs;
-                    float* dv = dqkv + (int64_t(b) * T + t2) * C3 + 2 * C + h * hs;
-                    drow[t2] = dot(d, v, hs);
-                    axpy(dv, s[t2], d, hs);
-                }
-                // dS' = dropout backward of dS (the mask only)
-                dropout_backward(drow, dropout_mask + row_at, drow, t + 1, p);
-                // dD = S' * (dS' - sum(S' dS')): softmax backward from its output
-                float weighted = dot(sp, drow, t + 1);
-                for (int t2 = 0; t2 <= t; t2++) drow[t2] = sp[t2] * (drow[t2] - weighted) * scale;
-                // dQ = dD K, dK += dD^T Q
-                for (int t2 = 0; t2 <= t; t2++) {
-                    const float* k = qkv + (int64_t(b) * T + t2) * C3 + C + h * hs;
-                    float* dk = dqkv + (int64_t(b) * T + t2) * C3 + C + h * hs;
-                    axpy(dq, drow[t2], k, hs);
-                    axpy(dk, drow[t2], q, hs);
-                }
-            }
+            // dQ = dD K, dK = dD^T Q
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, ds, T, k, C3, 0.0f, dq, C3);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, ds, T, q, C3, 0.0f, dk, C3);
         }
     }
 }
@@ -363,7 +362,7 @@ void crossentropy_forward(float* losses, float* lse, const float* logits, const 
         for (int v = 0; v < V; v++) maxval = std::max(maxval, row[v]);
         float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-        for (int v = 0; v < V; v++) sum += std::exp(row[v] - maxval);
+        for (int v = 0; v < V; v++) sum += vector_exp(row[v] - maxval);
         lse[n] = maxval + std::log(sum);
         losses[n] = lse[n] - row[targets[n]];
     }
@@ -376,7 +375,7 @@ void crossentropy_backward(float* logits, const float* lse, const int* targets, 
         float* row = logits + int64_t(n) * Vp;
         float l = lse[n];
 #pragma omp simd
-        for (int v = 0; v < V; v++) row[v] = dloss * std::exp(row[v] - l);
+        for (int v = 0; v < V; v++) row[v] = dloss * vector_exp(row[v] - l);
         row[targets[n]] -= dloss;
         for (int v = V; v < Vp; v++) row[v] = 0.0f;
     }

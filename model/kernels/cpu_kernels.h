@@ -79,7 +79,7 @@ void residual_forward(float* out, const float* inp1, const float* inp2, int64_t 
 void attention_forward(float* out, float* softmax_out, uint8_t* dropout_mask, float* dropout_out,
                        const float* qkv, int B, int T, int C, int NH, float p, const DropoutBox& box,
                        const DropoutKey& key);
-// dqkv [B, T, 3C] OVERWRITTEN; scratch [T] per OpenMP thread.
+// dqkv [B, T, 3C] OVERWRITTEN; scratch [T, T] per OpenMP thread.
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* softmax_out,
                         const uint8_t* dropout_mask, const float* dropout_out, float* scratch, int B, int T,
                         int C, int NH, float p);

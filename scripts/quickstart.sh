@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# One command from a fresh Debian machine to a trained model: installs what is
+# missing, builds, prepares the Bible corpus and trains configs/tiny.yaml.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install_deps.sh
+scripts/build.sh
+scripts/prepare_corpus.sh
+build/tpsp train configs/tiny.yaml "$@"

@@ -1,0 +1,230 @@
+// The whole model against PyTorch on the same weights and tokens (the file
+// scripts/make_torch_reference.py writes), against finite differences with
+// dropout on, and its activation arena against the formula of DESIGN §2.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "model/gpt.h"
+#include "model/memory_report.h"
+#include "tests/gradient_check.h"
+#include "train/adamw.h"
+
+using namespace tpsp;
+
+namespace {
+
+struct TorchReference {
+    GPTConfig config;
+    int B = 0, T = 0, steps = 0;
+    double lr, beta1, beta2, eps, weight_decay;
+    std::vector<int> inputs, targets;
+    std::vector<float> params, logits, grads;
+    double loss;
+    std::vector<double> step_losses;
+};
+
+template <class T>
+void read_exactly(FILE* f, T* data, size_t count) {
+    ASSERT_EQ(std::fread(data, sizeof(T), count, f), count) << "reference file is truncated";
+}
+
+void load_reference(TorchReference& r) {
+    const char* path = TPSP_TEST_DATA "/tiny_gpt2.bin";
+    FILE* f = std::fopen(path, "rb");
+    ASSERT_NE(f, nullptr) << path << ": missing; run /usr/bin/python3 scripts/make_torch_reference.py";
+    int header[10];
+    read_exactly(f, header, 10);
+    ASSERT_EQ(header[0], 20241201) << "bad magic";
+    r.config = {header[6], header[4], header[5], header[1], header[2], header[3]};
+    r.B = header[7];
+    r.T = header[8];
+    r.steps = header[9];
+    double hyper[5];
+    read_exactly(f, hyper, 5);
+    r.lr = hyper[0], r.beta1 = hyper[1], r.beta2 = hyper[2], r.eps = hyper[3], r.weight_decay = hyper[4];
+    GPT probe(r.config, {r.B, r.T, 0.0f});
+    size_t n = size_t(probe.num_parameters), tokens = size_t(r.B) * r.T;
+    r.inputs.resize(tokens);
+    r.targets.resize(tokens);
+    r.params.resize(n);
+    r.grads.resize(n);
+    r.logits.resize(tokens * r.config.padded_vocab_size);
+    r.step_losses.resize(size_t(r.steps));
+    read_exactly(f, r.inputs.data(), tokens);
+    read_exactly(f, r.targets.data(), tokens);
+    read_exactly(f, r.params.data(), n);
+    read_exactly(f, r.logits.data(), r.logits.size());
+    read_exactly(f, &r.loss, 1);
+    read_exactly(f, r.grads.data(), n);
+    read_exactly(f, r.step_losses.data(), r.step_losses.size());
+    std::fclose(f);
+}
+
+double relative_error(const float* a, const float* ref, int64_t n) {
+    double diff = 0, norm = 0;
+    for (int64_t i = 0; i < n; i++) {
+        diff += (double(a[i]) - ref[i]) * (double(a[i]) - ref[i]);
+        norm += double(ref[i]) * ref[i];
+    }
+    return std::sqrt(diff / std::max(norm, 1e-30));
+}
+
+}  // namespace
+
+TEST(ModelVsTorch, LossLogitsAndEveryGradient) {
+    TorchReference ref;
+    load_reference(ref);
+    if (HasFatalFailure()) return;
+    GPT model(ref.config, {ref.B, ref.T, 0.0f});
+    std::memcpy(model.params.wte, ref.params.data(), ref.params.size() * 4);
+    const int N = ref.B * ref.T;
+    model.zero_grad();
+    float loss = model.forward(ref.inputs.data(), ref.targets.data(), {});
+    EXPECT_NEAR(loss, ref.loss, 1e-5 * ref.loss);
+    EXPECT_LT(relative_error(model.outside.logits, ref.logits.data(), int64_t(ref.logits.size())), 1e-5);
+    model.backward(ref.inputs.data(), ref.targets.data(), 1.0f / N);
+    int64_t at = 0;
+    for (const TensorSpec& t : model.parameter_specs) {
+        double err = relative_error(model.grads.wte + at, ref.grads.data() + at, t.elements());
+        EXPECT_LT(err, 1e-4) << "gradient of " << t.name;
+        at += t.elements();
+    }
+}
+
+TEST(ModelVsTorch, TenAdamWSteps) {
+    TorchReference ref;
+    load_reference(ref);
+    if (HasFatalFailure()) return;
+    GPT model(ref.config, {ref.B, ref.T, 0.0f});
+    std::memcpy(model.params.wte, ref.params.data(), ref.params.size() * 4);
+    AdamW opt(model, {float(ref.beta1), float(ref.beta2), float(ref.eps), float(ref.weight_decay), false});
+    const int N = ref.B * ref.T;
+    for (int step = 0; step < ref.steps; step++) {
+        model.zero_grad();
+        float loss = model.forward(ref.inputs.data(), ref.targets.data(), {});
+        EXPECT_NEAR(loss, ref.step_losses[step], 1e-4 * ref.step_losses[step]) << "step " << step;
+        model.backward(ref.inputs.data(), ref.targets.data(), 1.0f / N);
+        opt.update(model, float(ref.lr), 1.0f, step + 1);
+    }
+}
+
+// ----------------------------------------------------------------------------
+
+namespace {
+GPTConfig small_config() {
+    GPTConfig c;
+    c.max_seq_len = 9;
+    c.vocab_size = 23;
+    c.padded_vocab_size = 32;
+    c.num_layers = 2;
+    c.num_heads = 3;
+    c.channels = 24;
+    return c;
+}
+std::vector<int> tokens_for(const GPTConfig& c, int n, uint32_t seed) {
+    std::vector<int> t(size_t(n) + 1);
+    for (int& x : t) {
+        seed = seed * 1664525u + 1013904223u;
+        x = int(seed >> 8) % c.vocab_size;
+    }
+    return t;
+}
+}  // namespace
+
+TEST(Model, BackwardWithDropoutMatchesFiniteDifferencesWithMasksHeldFixed) {
+    GPTConfig c = small_config();
+    RunShape shape{2, 7, 0.2f};
+    GPT model(c, shape);
+    model.init_random(5);
+    // larger weights than GPT-2's init, so that every path carries gradient
+    for (int64_t i = 0; i < model.num_parameters; i++) model.params.wte[i] *= 2.0f;
+    const int N = shape.batch * shape.seq_len;
+    std::vector<int> tokens = tokens_for(c, N, 77);
+    const int* inputs = tokens.data();
+    const int* targets = tokens.data() + 1;
+    DropoutStep draw{11, 3, 0};  // the same draw every time: the masks stay fixed
+    model.zero_grad();
+    model.forward(inputs, targets, draw);
+    model.backward(inputs, targets, 1.0f / N);
+    std::vector<float> analytic(model.grads.wte, model.grads.wte + model.num_parameters);
+    auto loss = [&] { return double(model.forward(inputs, targets, draw)); };
+    int64_t at = 0;
+    for (const TensorSpec& t : model.parameter_specs) {
+        double err = tpsp::testing::gradient_error(loss, model.params.wte + at, analytic.data() + at, t.elements(), 3e-3f, 40);
+        // the padded wte rows and wpe rows past s get no gradient: the check still holds (0 = 0)
+        EXPECT_LT(err, 1e-2) << "parameter " << t.name;
+        at += t.elements();
+    }
+}
+
+TEST(Model, SameSeedAndStepDrawSameLossesAndOtherStepsDoNot) {
+    GPTConfig c = small_config();
+    RunShape shape{2, 7, 0.3f};
+    GPT a(c, shape), b(c, shape);
+    a.init_random(1);
+    b.init_random(1);
+    std::vector<int> tokens = tokens_for(c, 14, 3);
+    float la = a.forward(tokens.data(), tokens.data() + 1, {9, 4, 0});
+    float lb = b.forward(tokens.data(), tokens.data() + 1, {9, 4, 0});
+    EXPECT_EQ(la, lb);
+    EXPECT_EQ(0, std::memcmp(a.blocks[1].attn_dropout_mask, b.blocks[1].attn_dropout_mask,
+                             size_t(2) * c.num_heads * 7 * 7));
+    float other = b.forward(tokens.data(), tokens.data() + 1, {9, 5, 0});
+    EXPECT_NE(la, other);
+    float eval = b.forward(tokens.data(), tokens.data() + 1, {9, 5, 0}, false);
+    GPT plain(c, {2, 7, 0.0f});
+    plain.init_random(1);
+    EXPECT_EQ(eval, plain.forward(tokens.data(), tokens.data() + 1, {}));
+}
+
+// ----------------------------------------------------------------------------
+// memory
+
+TEST(Memory, ArenaEqualsTheFormulaExactly) {
+    struct Case {
+        int L, a, h, b, s;
+    };
+    for (Case k : {Case{2, 4, 64, 2, 32}, Case{3, 3, 48, 3, 37}, Case{1, 12, 96, 1, 100}}) {
+        SCOPED_TRACE("b=" + std::to_string(k.b) + " s=" + std::to_string(k.s));
+        GPTConfig c;
+        c.num_layers = k.L, c.num_heads = k.a, c.channels = k.h, c.max_seq_len = k.s;
+        c.vocab_size = 50, c.padded_vocab_size = 64;
+        RunShape shape{k.b, k.s, 0.1f};
+        GPT model(c, shape);
+        int64_t per_block = block_activation_formula_bytes(k.b, k.s, k.h, k.a, 4);
+        MemoryReport report = memory_report(c, shape, 1);
+        EXPECT_EQ(report.block_bytes, per_block);
+        // the arena holds L blocks of exactly that, plus the tensors outside the blocks
+        int64_t outside = int64_t(k.b) * k.s * (k.h * (1 + 4 + 4) + 4 * c.padded_vocab_size + 8);
+        EXPECT_EQ(int64_t(model.activation_arena.bytes()), k.L * per_block + outside);
+        EXPECT_EQ(report.outside_bytes, outside);
+    }
+}
+
+TEST(Memory, NothingOutsideTheTableIsKeptAcrossForwardAndBackward) {
+    // Poison the whole workspace between forward and backward: if backward
+    // read anything forward left there, the gradients would change.
+    GPTConfig c = small_config();
+    RunShape shape{2, 7, 0.1f};
+    const int N = 14;
+    std::vector<int> tokens = tokens_for(c, N, 5);
+    std::vector<float> clean, poisoned;
+    for (bool poison : {false, true}) {
+        GPT model(c, shape);
+        model.init_random(2);
+        model.zero_grad();
+        model.forward(tokens.data(), tokens.data() + 1, {1, 1, 0});
+        if (poison) {
+            float* w = static_cast<float*>(model.workspace_arena.data());
+            for (size_t i = 0; i < model.workspace_arena.bytes() / 4; i++) w[i] = std::numeric_limits<float>::quiet_NaN();
+        }
+        model.backward(tokens.data(), tokens.data() + 1, 1.0f / N);
+        (poison ? poisoned : clean).assign(model.grads.wte, model.grads.wte + model.num_parameters);
+    }
+    EXPECT_EQ(clean, poisoned);
+}
