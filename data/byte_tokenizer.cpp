@@ -1,6 +1,8 @@
 #include "data/byte_tokenizer.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <vector>
@@ -43,17 +45,23 @@ void prepare_byte_shards(const std::string& input, const std::string& out_dir, c
     std::fclose(f);
     std::fprintf(stderr, "\n");
 
-    int64_t n_val = int64_t(double(tokens.size()) * options.val_fraction);
-    int64_t n_train = int64_t(tokens.size()) - n_val;
-    std::string val_path = out_dir + "/val_000000.bin";
-    write_token_shard(val_path, std::vector<uint16_t>(tokens.begin() + n_train, tokens.end()));
+    const int64_t period = std::max<int64_t>(2, std::llround(1.0 / options.val_fraction));
+    std::vector<uint16_t> train, val;
+    for (int64_t at = 0, chunk = 0; at < int64_t(tokens.size()); at += options.chunk_tokens, chunk++) {
+        int64_t end = std::min<int64_t>(int64_t(tokens.size()), at + options.chunk_tokens);
+        std::vector<uint16_t>& to = chunk % period == period - 1 ? val : train;
+        to.insert(to.end(), tokens.begin() + at, tokens.begin() + end);
+    }
+    if (val.empty()) throw FileError(input + ": text too short for a validation split");
+    write_token_shard(out_dir + "/val_000000.bin", val);
     int shard = 0;
-    for (int64_t at = 0; at < n_train; at += options.shard_tokens, shard++) {
-        int64_t end = std::min(n_train, at + options.shard_tokens);
+    for (int64_t at = 0; at < int64_t(train.size()); at += options.shard_tokens, shard++) {
+        int64_t end = std::min(int64_t(train.size()), at + options.shard_tokens);
         char name[64];
         std::snprintf(name, sizeof name, "/train_%06d.bin", shard);
-        write_token_shard(out_dir + name, std::vector<uint16_t>(tokens.begin() + at, tokens.begin() + end));
+        write_token_shard(out_dir + name, std::vector<uint16_t>(train.begin() + at, train.begin() + end));
     }
+    const int64_t n_train = int64_t(train.size()), n_val = int64_t(val.size());
     std::printf("wrote %lld train tokens in %d shard(s) and %lld validation tokens to %s (vocabulary 256)\n",
                 (long long)n_train, shard, (long long)n_val, out_dir.c_str());
 }

@@ -16,9 +16,11 @@ namespace tpsp {
 // do not, short of -ffast-math): x = k·ln2 + r with |r| ≤ ln2/2, e^r by its
 // degree-6 Taylor polynomial (relative error < 3e-7), 2^k built in the
 // exponent bits. Inputs are clamped to [-87, 88], the range of normal floats.
+// k is rounded by adding and subtracting 1.5·2^23 (std::round and std::floor
+// would keep the loop scalar).
 static inline float vector_exp(float x) {
     x = std::min(std::max(x, -87.0f), 88.0f);
-    float k = std::floor(x * 1.44269504f + 0.5f);
+    float k = (x * 1.44269504f + 12582912.0f) - 12582912.0f;
     float r = x - k * 0.693145751953125f - k * 1.428606765330187e-6f;
     float p = 1.0f + r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 + r * (1.0f / 720))))));
     return p * std::bit_cast<float>((int32_t(k) + 127) << 23);
