@@ -32,17 +32,25 @@ std::string TensorSpec::symbol_text() const {
 }
 
 std::string TensorSpec::formula_text() const {
-    // a leading integer of a symbol ("3h", "4h/t") moves to the front
+    // a leading integer of a symbol ("3h", "4h/t") moves to the front, and a
+    // symbol that repeats is squared ("s·s" -> "s²")
     long factor = 1;
-    std::string product;
+    std::vector<std::string> symbols;
     for (const Dim& d : shape) {
         size_t digits = 0;
         while (digits < d.symbol.size() && d.symbol[digits] >= '0' && d.symbol[digits] <= '9') digits++;
         if (digits) factor *= std::stol(d.symbol.substr(0, digits));
-        std::string rest = d.symbol.substr(digits);
-        if (!rest.empty()) product += (product.empty() ? "" : "·") + rest;
+        if (digits < d.symbol.size()) symbols.push_back(d.symbol.substr(digits));
     }
-    std::string text = factor > 1 ? std::to_string(factor) + "·" + product : product;
+    std::string text = factor > 1 ? std::to_string(factor) : "";
+    for (size_t i = 0; i < symbols.size(); i++) {
+        if (i + 1 < symbols.size() && symbols[i] == symbols[i + 1]) {
+            text += (text.empty() ? "" : "·") + symbols[i] + "²";
+            i++;
+        } else {
+            text += (text.empty() ? "" : "·") + symbols[i];
+        }
+    }
     return dtype == DType::f32 ? text + "·e" : text;
 }
 

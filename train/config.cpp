@@ -185,10 +185,10 @@ void validate(const Config& c, const std::string& where) {
     if (c.model.max_seq_len != 0 && c.model.max_seq_len < c.train.seq_len)
         fail("model.max_seq_len", "must be ≥ train.seq_len = " + std::to_string(c.train.seq_len));
     if (c.parallel.tp != 1) fail("parallel.tp", "only 1 is implemented so far (tensor parallelism is the next issue)");
+    if (c.checkpoint.every > 0 && c.checkpoint.dir.empty())
+        fail("checkpoint.every", "needs checkpoint.dir: where to save");
     if (!c.checkpoint.init.empty() && !c.checkpoint.resume.empty())
         fail("checkpoint.init", "give checkpoint.init or checkpoint.resume, not both");
-    if (c.train.warmup_steps > c.train.steps)
-        fail("train.warmup_steps", "must be ≤ train.steps = " + std::to_string(c.train.steps));
 }
 
 }  // namespace

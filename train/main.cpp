@@ -1,6 +1,7 @@
 // tpsp: a GPT-2 trainer with every pass written by hand.
 //
 //   tpsp train   CONFIG.yaml [section.key=value ...]
+//   tpsp eval    CONFIG.yaml checkpoint.init=FILE
 //   tpsp memory  CONFIG.yaml [section.key=value ...]
 //   tpsp bench   CONFIG.yaml [section.key=value ...] [--steps N]
 //   tpsp prepare --tokenizer byte INPUT.txt OUT_DIR [--val-fraction F]
@@ -9,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -25,6 +27,7 @@ using namespace tpsp;
 static const char* usage =
     "usage:\n"
     "  tpsp train   CONFIG.yaml [section.key=value ...]   train as the config says\n"
+    "  tpsp eval    CONFIG.yaml checkpoint.init=FILE      validation loss of a checkpoint\n"
     "  tpsp memory  CONFIG.yaml [section.key=value ...]   print the activation table and its formula\n"
     "  tpsp bench   CONFIG.yaml [section.key=value ...] [--steps N]\n"
     "                                                     time forward+backward: ms, tokens/s, MFU\n"
@@ -98,7 +101,22 @@ static int command_prepare(int argc, char** argv) {
     return 0;
 }
 
+// Until tensor parallelism lands, tpsp trains on one rank: under mpirun with
+// more, every rank would train the same model into the same files.
+static int ranks_launched() {
+    for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"})
+        if (const char* value = std::getenv(name)) return std::atoi(value);
+    return 1;
+}
+
 int main(int argc, char** argv) {
+    if (int ranks = ranks_launched(); ranks > 1) {
+        const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+        if (!rank || std::atoi(rank) == 0)
+            std::fprintf(stderr, "tpsp: error: launched on %d ranks; this build runs on one rank "
+                                 "(tensor parallelism across ranks is not implemented yet)\n", ranks);
+        return 1;
+    }
     if (argc < 2 || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "--help")) {
         std::fputs(usage, argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
@@ -109,6 +127,11 @@ int main(int argc, char** argv) {
             ConfigArgs args = parse_config_args(argc, argv, 2);
             for (const auto& flag : args.flags) throw ConfigError("tpsp train: unknown option " + flag.first);
             return train(load_config(args.path, args.overrides));
+        }
+        if (command == "eval") {
+            ConfigArgs args = parse_config_args(argc, argv, 2);
+            for (const auto& flag : args.flags) throw ConfigError("tpsp eval: unknown option " + flag.first);
+            return evaluate(load_config(args.path, args.overrides));
         }
         if (command == "memory") return command_memory(parse_config_args(argc, argv, 2));
         if (command == "bench") return command_bench(parse_config_args(argc, argv, 2));

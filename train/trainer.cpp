@@ -190,4 +190,21 @@ int train(const Config& cfg) {
     return 0;
 }
 
+int evaluate(const Config& cfg) {
+    if (cfg.train.threads > 0) omp_set_num_threads(cfg.train.threads);
+    if (cfg.checkpoint.init.empty()) throw ConfigError("tpsp eval: checkpoint.init: give the checkpoint to evaluate");
+    if (cfg.data.val.empty()) throw ConfigError("tpsp eval: data.val: give the validation shards");
+    const GPTConfig gc = cfg.gpt();
+    const RunShape shape = cfg.run_shape();
+    TokenLoader val_loader(cfg.data.val, shape.batch, shape.seq_len, 0, 1);
+    check_checkpoint_model(cfg.checkpoint.init, gc);
+    GPT model(gc, shape);
+    load_checkpoint(model, cfg.checkpoint.init);
+    std::vector<int> inputs(size_t(shape.batch) * shape.seq_len), targets(inputs.size());
+    float val = validation_loss(model, val_loader, cfg.train.val_batches, inputs.data(), targets.data());
+    std::printf("val loss %.9g over %d batches of %d×%d tokens\n", val, cfg.train.val_batches, shape.batch,
+                shape.seq_len);
+    return 0;
+}
+
 }  // namespace tpsp

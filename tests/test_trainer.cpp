@@ -1,0 +1,216 @@
+// End to end: `tpsp train` on the real corpus (the Bible shards the ctest
+// fixture prepares), resume bit for bit, reload, and every kind of bad input
+// ending in one clear line and no file left behind.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "data/token_shards.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string tpsp_binary = TPSP_BINARY;
+const std::string corpus = TPSP_CORPUS;
+const std::string tiny = std::string(TPSP_SOURCE_DIR) + "/configs/tiny.yaml";
+
+struct Outcome {
+    int exit_code;
+    std::string out, err;
+};
+
+std::string read_text(const fs::path& path) {
+    std::ifstream in(path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+}
+
+// A fresh directory per test, under the build tree.
+fs::path scratch_dir() {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    fs::path dir = fs::path(TPSP_SCRATCH) / (std::string(info->test_suite_name()) + "." + info->name());
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    return dir;
+}
+
+Outcome run(const std::string& args, const fs::path& dir) {
+    fs::path out = dir / "stdout.txt", err = dir / "stderr.txt";
+    std::string command = args + " > " + out.string() + " 2> " + err.string();
+    int status = std::system(command.c_str());
+    Outcome r{WIFEXITED(status) ? WEXITSTATUS(status) : -1, read_text(out), read_text(err)};
+    fs::remove(out);
+    fs::remove(err);
+    return r;
+}
+
+// The tiny config on the prepared corpus, writing into dir.
+std::string tiny_train(const fs::path& dir, const std::string& extra) {
+    return tpsp_binary + " train " + tiny + " data.train='" + corpus + "/train_*.bin' data.val='" + corpus +
+           "/val_*.bin' checkpoint.dir=" + (dir / "ckpt").string() + " logging.metrics=" +
+           (dir / "metrics.jsonl").string() + " train.threads=2 logging.every=1000 " + extra;
+}
+
+// "loss" of each line of a metrics file, as written (9 significant digits).
+std::vector<std::string> field(const fs::path& metrics, const std::string& name) {
+    std::vector<std::string> values;
+    std::ifstream in(metrics);
+    std::regex pattern("\"" + name + "\": ([-0-9.e+]+)");
+    for (std::string line; std::getline(in, line);) {
+        std::smatch m;
+        if (std::regex_search(line, m, pattern)) values.push_back(m[1]);
+    }
+    return values;
+}
+
+int count_lines(const std::string& text) { return int(std::count(text.begin(), text.end(), '\n')); }
+
+}  // namespace
+
+TEST(Trainer, LossFallsOnTheBible) {
+    fs::path dir = scratch_dir();
+    Outcome r = run(tiny_train(dir, "train.steps=80 train.warmup_steps=10 train.val_every=80"), dir);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    std::vector<std::string> losses = field(dir / "metrics.jsonl", "loss");
+    ASSERT_EQ(losses.size(), 80u);
+    double first = std::stod(losses.front()), last = std::stod(losses.back());
+    EXPECT_GT(first, 5.0) << "a fresh byte model starts near ln 256 = 5.55";
+    EXPECT_LT(last, first - 2.5) << "80 steps must take at least 2.5 nats off";
+    ASSERT_EQ(field(dir / "metrics.jsonl", "val_loss").size(), 1u);
+    EXPECT_LT(std::stod(field(dir / "metrics.jsonl", "val_loss")[0]), 3.0);
+}
+
+TEST(Trainer, ResumeReproducesTheUninterruptedRunBitForBit) {
+    fs::path dir = scratch_dir();
+    const std::string schedule = "train.steps=30 train.warmup_steps=5 checkpoint.every=15 model.dropout=0.1";
+    ASSERT_EQ(run(tiny_train(dir, schedule), dir).exit_code, 0);
+    // a second run stops after step 15: its directory says so
+    fs::path cut = dir / "cut";
+    fs::create_directories(cut);
+    fs::copy(dir / "ckpt", cut / "ckpt");
+    std::ofstream(cut / "ckpt" / "latest") << "15\n";
+    fs::remove(cut / "ckpt" / "model_00000030.bin");
+    fs::remove(cut / "ckpt" / "state_00000030.bin");
+    Outcome resumed = run(tiny_train(cut, schedule + " checkpoint.resume=" + (cut / "ckpt").string()), cut);
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+    EXPECT_NE(resumed.out.find("resumed"), std::string::npos);
+
+    std::vector<std::string> whole = field(dir / "metrics.jsonl", "loss");
+    std::vector<std::string> tail = field(cut / "metrics.jsonl", "loss");
+    ASSERT_EQ(whole.size(), 30u);
+    ASSERT_EQ(tail.size(), 15u);
+    for (int i = 0; i < 15; i++) EXPECT_EQ(tail[i], whole[15 + i]) << "step " << 16 + i;
+    EXPECT_EQ(read_text(cut / "ckpt" / "model_00000030.bin"), read_text(dir / "ckpt" / "model_00000030.bin"))
+        << "the final weights differ";
+}
+
+TEST(Trainer, ACheckpointReloadsToTheSameLoss) {
+    fs::path dir = scratch_dir();
+    ASSERT_EQ(run(tiny_train(dir, "train.steps=20 train.warmup_steps=5 train.val_every=20"), dir).exit_code, 0);
+    std::vector<std::string> val = field(dir / "metrics.jsonl", "val_loss");
+    ASSERT_EQ(val.size(), 1u);
+    Outcome eval = run(tpsp_binary + " eval " + tiny + " data.val='" + corpus + "/val_*.bin' train.threads=2 checkpoint.init=" +
+                       (dir / "ckpt" / "model_00000020.bin").string(),
+                   dir);
+    ASSERT_EQ(eval.exit_code, 0) << eval.err;
+    EXPECT_NE(eval.out.find("val loss " + val[0] + " "), std::string::npos) << eval.out << " vs " << val[0];
+}
+
+TEST(Trainer, RunsUnderMpirunOnOneRank) {
+    if (std::system("command -v mpirun > /dev/null 2>&1") != 0) GTEST_SKIP() << "mpirun not installed";
+    fs::path dir = scratch_dir();
+    std::string mpirun = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_pml=ob1 mpirun -np 1 ";
+    Outcome r = run(mpirun + tiny_train(dir, "train.steps=3 train.val_every=0"), dir);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(field(dir / "metrics.jsonl", "loss").size(), 3u);
+}
+
+// ----------------------------------------------------------------------------
+// bad input: a non-zero exit, one line on stderr that says what is wrong,
+// and nothing written.
+
+namespace {
+
+void expect_clean_failure(const fs::path& dir, const std::string& extra, const std::string& says,
+                          const std::string& config = tiny) {
+    std::string command = tiny_train(dir, extra);
+    command.replace(command.find(tiny), tiny.size(), config);
+    Outcome r = run(command, dir);
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_EQ(count_lines(r.err), 1) << r.err;
+    EXPECT_NE(r.err.find(says), std::string::npos) << "stderr: " << r.err << "expected: " << says;
+    EXPECT_FALSE(fs::exists(dir / "ckpt")) << "a checkpoint directory was left behind";
+    EXPECT_FALSE(fs::exists(dir / "metrics.jsonl")) << "a metrics file was left behind";
+}
+
+fs::path write_file(const fs::path& path, const std::string& text) {
+    std::ofstream(path) << text;
+    return path;
+}
+
+}  // namespace
+
+TEST(BadInput, MalformedYaml) {
+    fs::path dir = scratch_dir();
+    fs::path config = write_file(dir / "bad.yaml", "model:\n  layers: [1, 2\ntrain:\n  steps: 3\n");
+    expect_clean_failure(dir, "", "bad.yaml:", config.string());
+    expect_clean_failure(dir, "", "malformed YAML", config.string());
+}
+
+TEST(BadInput, UnknownKeyNamesTheKeyAndTheLine) {
+    fs::path dir = scratch_dir();
+    fs::path config = write_file(dir / "typo.yaml", "model:\n  layers: 2\ntrain:\n  stpes: 3\n");
+    expect_clean_failure(dir, "", "typo.yaml:4: unknown key train.stpes", config.string());
+    expect_clean_failure(dir, "trian.steps=3", "unknown key trian.steps");
+}
+
+TEST(BadInput, WrongTypeAndImpossibleValue) {
+    fs::path dir = scratch_dir();
+    expect_clean_failure(dir, "train.steps=abc", "train.steps: expected an integer, got 'abc'");
+    expect_clean_failure(dir, "model.dropout=1.5", "model.dropout: must be in");
+    expect_clean_failure(dir, "model.heads=3", "model.heads: 3 does not divide model.channels = 128");
+    fs::path config = write_file(dir / "type.yaml", "train:\n  lr: fast\n");
+    expect_clean_failure(dir, "", "type.yaml:2: train.lr: expected a number, got 'fast'", config.string());
+}
+
+TEST(BadInput, BatchLargerThanTheShard) {
+    fs::path dir = scratch_dir();
+    tpsp::write_token_shard((dir / "small_000.bin").string(), std::vector<uint16_t>(1000, 65));
+    expect_clean_failure(dir, "data.train=" + (dir / "small_*.bin").string(),
+                         "small_000.bin: token shard has 1000 tokens, too few for one batch of 2048+1");
+}
+
+TEST(BadInput, ShardWithABadHeader) {
+    fs::path dir = scratch_dir();
+    std::vector<char> bytes(1024 + 20000, 0);
+    reinterpret_cast<int*>(bytes.data())[0] = 12345;
+    std::ofstream(dir / "junk_000.bin", std::ios::binary).write(bytes.data(), std::streamsize(bytes.size()));
+    expect_clean_failure(dir, "data.train=" + (dir / "junk_*.bin").string(),
+                         "junk_000.bin: not an llm.c token shard (magic 12345");
+    expect_clean_failure(dir, "data.train=" + (dir / "nothing_*.bin").string(), "no token shard matches");
+}
+
+TEST(BadInput, TruncatedCheckpointAndCheckpointOfAnotherModel) {
+    fs::path dir = scratch_dir();
+    fs::path source = dir / "source";
+    fs::create_directories(source);
+    ASSERT_EQ(run(tiny_train(source, "train.steps=1 train.val_every=0"), source).exit_code, 0);
+    fs::path good = source / "ckpt" / "model_00000001.bin";
+    fs::path truncated = dir / "truncated.bin";
+    fs::copy_file(good, truncated);
+    fs::resize_file(truncated, fs::file_size(good) - 1000);
+    expect_clean_failure(dir, "checkpoint.init=" + truncated.string(), "truncated.bin: checkpoint is");
+    expect_clean_failure(dir, "checkpoint.init=" + truncated.string(), "(truncated)");
+    expect_clean_failure(dir, "model.layers=2 checkpoint.init=" + good.string(),
+                         "model_00000001.bin: checkpoint is for another model");
+    expect_clean_failure(dir, "checkpoint.resume=" + (dir / "nowhere").string(), "not a tpsp run directory");
+}
