@@ -214,3 +214,12 @@ TEST(BadInput, TruncatedCheckpointAndCheckpointOfAnotherModel) {
                          "model_00000001.bin: checkpoint is for another model");
     expect_clean_failure(dir, "checkpoint.resume=" + (dir / "nowhere").string(), "not a tpsp run directory");
 }
+
+TEST(Documentation, ReadmeHoldsTheConfigReferenceOfTheCode) {
+    fs::path dir = scratch_dir();
+    Outcome reference = run(tpsp_binary + " config-reference", dir);
+    ASSERT_EQ(reference.exit_code, 0);
+    std::string readme = read_text(fs::path(TPSP_SOURCE_DIR) / "README.md");
+    EXPECT_NE(readme.find(reference.out), std::string::npos)
+        << "README.md's config reference is stale: paste the output of `tpsp config-reference`";
+}

@@ -18,7 +18,7 @@ double measure_sgemm_flops() {
     const int n = 1024;
     std::vector<float> a(size_t(n) * n, 0.5f), b(size_t(n) * n, 0.25f), c(size_t(n) * n);
     double best = 1e30;
-    for (int rep = 0; rep < 6; rep++) {  // the first is warmup
+    for (int rep = 0; rep < 11; rep++) {  // the first is warmup
         auto start = std::chrono::steady_clock::now();
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f,
                     c.data(), n);
@@ -48,14 +48,16 @@ void run_benchmark(const GPTConfig& config, const RunShape& shape, const BenchOp
         model.backward(inputs.data(), targets, 1.0f / N);
         if (i >= options.warmup) times.push_back(seconds_since(start));
     }
+    // the machine is shared: take the best sgemm rate seen before and after
+    peak = std::max(peak, measure_sgemm_flops());
     std::sort(times.begin(), times.end());
     double median = times[times.size() / 2];
     double flops = model_flops_per_token(config, shape.seq_len) * N;
     std::printf("%-10s L=%d h=%d a=%d V=%d b=%d s=%d dropout=%g threads=%d | params %.1fM | sgemm peak %.1f GFLOP/s"
-                " | fwd+bwd %.1f ms (median of %d) | %.0f tok/s | %.1f GFLOP/s | MFU %.1f%%\n",
+                " | fwd+bwd %.1f ms (median of %d, best %.1f) | %.0f tok/s | %.1f GFLOP/s | MFU %.1f%%\n",
                 label, config.num_layers, config.channels, config.num_heads, config.vocab_size, shape.batch,
                 shape.seq_len, shape.dropout, omp_get_max_threads(), model.num_parameters / 1e6, peak / 1e9,
-                median * 1e3, options.steps, N / median, flops / median / 1e9, 100.0 * flops / median / peak);
+                median * 1e3, options.steps, times.front() * 1e3, N / median, flops / median / 1e9, 100.0 * flops / median / peak);
 }
 
 }  // namespace tpsp

@@ -152,7 +152,7 @@ const std::vector<Key>& keys() {
                    "continue the run saved in this directory"),
         int_key("logging.every", [](Config& c) -> int& { return c.logging.every; }, 1, "print every N steps"),
         string_key("logging.metrics", [](Config& c) -> std::string& { return c.logging.metrics; }, {},
-                   "append JSON lines of metrics to this file"),
+                   "write JSON lines of metrics here (appended to on resume)"),
     };
     return all;
 }
