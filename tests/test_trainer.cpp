@@ -125,6 +125,21 @@ TEST(Trainer, ACheckpointReloadsToTheSameLoss) {
     EXPECT_NE(eval.out.find("val loss " + val[0] + " "), std::string::npos) << eval.out << " vs " << val[0];
 }
 
+TEST(Trainer, GradientAccumulationEqualsTheLargerBatch) {
+    // two micro-batches of 8 read the same tokens as one batch of 16, and
+    // draw the same dropout masks (the batch coordinate is global)
+    fs::path one = scratch_dir() / "one", two = one.parent_path() / "two";
+    fs::create_directories(one);
+    fs::create_directories(two);
+    const std::string common = "train.steps=4 train.warmup_steps=1 train.val_every=0 model.dropout=0.1 ";
+    ASSERT_EQ(run(tiny_train(one, common + "train.batch_size=16"), one).exit_code, 0);
+    ASSERT_EQ(run(tiny_train(two, common + "train.batch_size=8 train.grad_accum=2"), two).exit_code, 0);
+    std::vector<std::string> a = field(one / "metrics.jsonl", "loss"), b = field(two / "metrics.jsonl", "loss");
+    ASSERT_EQ(a.size(), 4u);
+    ASSERT_EQ(b.size(), 4u);
+    for (int i = 0; i < 4; i++) EXPECT_NEAR(std::stod(b[i]), std::stod(a[i]), 1e-5 * std::stod(a[i])) << "step " << i + 1;
+}
+
 TEST(Trainer, RunsUnderMpirunOnOneRank) {
     if (std::system("command -v mpirun > /dev/null 2>&1") != 0) GTEST_SKIP() << "mpirun not installed";
     fs::path dir = scratch_dir();
