@@ -49,9 +49,15 @@ void check_checkpoint_model(const std::string& path, const GPTConfig& m) {
                         describe(m) + ")");
 }
 
+int64_t full_parameter_count(const GPTConfig& config) {
+    ParameterTensors unused{};
+    return int64_t(table_bytes(parameter_table(config, 1, &unused)) / 4);
+}
+
 void load_checkpoint(GPT& model, const std::string& path) {
     check_checkpoint_model(path, model.config);
-    uintmax_t expected = 1024 + uintmax_t(model.num_parameters) * 4;
+    const int64_t count = full_parameter_count(model.config);
+    uintmax_t expected = 1024 + uintmax_t(count) * 4;
     std::error_code ec;
     uintmax_t actual = std::filesystem::file_size(path, ec);
     if (ec || actual != expected)
@@ -59,10 +65,13 @@ void load_checkpoint(GPT& model, const std::string& path) {
                         std::to_string(expected) + (actual < expected ? " (truncated)" : " (trailing data)"));
     FILE* f = std::fopen(path.c_str(), "rb");
     if (!f) throw FileError(path + ": cannot open checkpoint");
+    std::vector<float> full(static_cast<size_t>(count));
     std::fseek(f, 1024, SEEK_SET);
-    size_t got = std::fread(model.params.wte, sizeof(float), size_t(model.num_parameters), f);
+    size_t got = std::fread(full.data(), sizeof(float), full.size(), f);
     std::fclose(f);
-    if (got != size_t(model.num_parameters)) throw FileError(path + ": checkpoint is truncated");
+    if (got != full.size()) throw FileError(path + ": checkpoint is truncated");
+    copy_parameter_shards(model.config, model.tp.size, model.tp.rank, full.data(), model.params.wte,
+                          ShardDirection::full_to_shard);
 }
 
 void write_file_atomically(const std::string& path, const void* data, size_t bytes) {
@@ -82,9 +91,9 @@ void write_file_atomically(const std::string& path, const void* data, size_t byt
     }
 }
 
-void save_checkpoint(const GPT& model, const std::string& path) {
-    const GPTConfig& c = model.config;
-    std::vector<char> bytes(1024 + size_t(model.num_parameters) * 4, 0);
+void save_checkpoint(const GPTConfig& c, const float* full, const std::string& path) {
+    const int64_t count = full_parameter_count(c);
+    std::vector<char> bytes(1024 + size_t(count) * 4, 0);
     int* header = reinterpret_cast<int*>(bytes.data());
     header[0] = checkpoint_magic;
     header[1] = checkpoint_version;
@@ -94,7 +103,7 @@ void save_checkpoint(const GPT& model, const std::string& path) {
     header[5] = c.num_heads;
     header[6] = c.channels;
     header[7] = c.padded_vocab_size;
-    std::memcpy(bytes.data() + 1024, model.params.wte, size_t(model.num_parameters) * 4);
+    std::memcpy(bytes.data() + 1024, full, size_t(count) * 4);
     write_file_atomically(path, bytes.data(), bytes.size());
 }
 

@@ -20,10 +20,13 @@ constexpr int checkpoint_version = 3;
 GPTConfig read_checkpoint_config(const std::string& path);
 // Throws unless the checkpoint's header describes this model.
 void check_checkpoint_model(const std::string& path, const GPTConfig& config);
-// Loads the parameters; the file's model must equal model.config.
+// Number of parameters of the whole (unsharded) model.
+int64_t full_parameter_count(const GPTConfig& config);
+// Loads this rank's shard of the parameters; the file's model must equal model.config.
 void load_checkpoint(GPT& model, const std::string& path);
-// Writes PATH.tmp, then renames it to PATH: a crash never leaves half a file.
-void save_checkpoint(const GPT& model, const std::string& path);
+// Writes the whole model's parameters `full` (llm.c order) to PATH.tmp, then
+// renames it to PATH: a crash never leaves half a file.
+void save_checkpoint(const GPTConfig& config, const float* full, const std::string& path);
 
 // Writes bytes to PATH.tmp and renames it to PATH (for our other files too).
 void write_file_atomically(const std::string& path, const void* data, size_t bytes);

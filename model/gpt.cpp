@@ -4,29 +4,39 @@
 
 #include <cmath>
 #include <cstring>
+#include <stdexcept>
 
 #include "model/kernels/cpu_kernels.h"
 #include "model/kernels/philox.h"
 
 namespace tpsp {
 
-std::vector<TensorSpec> parameter_table(const GPTConfig& c, ParameterTensors* p) {
-    Dim Vp{c.padded_vocab_size, "Vp"}, maxT{c.max_seq_len, "maxT"}, L{c.num_layers, "L"};
-    Dim h{c.channels, "h"}, h3{3 * c.channels, "3h"}, h4{4 * c.channels, "4h"};
+// ----------------------------------------------------------------------------
+// tables
+
+// A dimension split t ways: its size on one rank, named "3h/t" (or "3h" when t = 1).
+static Dim split(int64_t full, const std::string& symbol, int t) {
+    return {full / t, t > 1 ? symbol + "/t" : symbol};
+}
+
+std::vector<TensorSpec> parameter_table(const GPTConfig& c, int t, ParameterTensors* p) {
+    Dim maxT{c.max_seq_len, "maxT"}, L{c.num_layers, "L"}, h{c.channels, "h"};
+    Dim Vp = split(c.padded_vocab_size, "Vp", t), h_t = split(c.channels, "h", t);
+    Dim h3_t = split(3 * c.channels, "3h", t), h4_t = split(4 * c.channels, "4h", t);
     return {
         f32_tensor("wte", {Vp, h}, &p->wte),
         f32_tensor("wpe", {maxT, h}, &p->wpe),
         f32_tensor("ln1w", {L, h}, &p->ln1w),
         f32_tensor("ln1b", {L, h}, &p->ln1b),
-        f32_tensor("qkvw", {L, h3, h}, &p->qkvw),
-        f32_tensor("qkvb", {L, h3}, &p->qkvb),
-        f32_tensor("attprojw", {L, h, h}, &p->attprojw),
+        f32_tensor("qkvw", {L, h3_t, h}, &p->qkvw),
+        f32_tensor("qkvb", {L, h3_t}, &p->qkvb),
+        f32_tensor("attprojw", {L, h, h_t}, &p->attprojw),
         f32_tensor("attprojb", {L, h}, &p->attprojb),
         f32_tensor("ln2w", {L, h}, &p->ln2w),
         f32_tensor("ln2b", {L, h}, &p->ln2b),
-        f32_tensor("fcw", {L, h4, h}, &p->fcw),
-        f32_tensor("fcb", {L, h4}, &p->fcb),
-        f32_tensor("fcprojw", {L, h, h4}, &p->fcprojw),
+        f32_tensor("fcw", {L, h4_t, h}, &p->fcw),
+        f32_tensor("fcb", {L, h4_t}, &p->fcb),
+        f32_tensor("fcprojw", {L, h, h4_t}, &p->fcprojw),
         f32_tensor("fcprojb", {L, h}, &p->fcprojb),
         f32_tensor("lnfw", {h}, &p->lnfw),
         f32_tensor("lnfb", {h}, &p->lnfb),
@@ -38,52 +48,119 @@ bool parameter_is_matrix(const std::string& name) {
            name == "fcprojw";
 }
 
-std::vector<TensorSpec> block_activation_table(const GPTConfig& c, const RunShape& r, BlockActivations* a) {
-    Dim b{r.batch, "b"}, s{r.seq_len, "s"}, heads{c.num_heads, "a"};
-    Dim h{c.channels, "h"}, h3{3 * c.channels, "3h"}, h4{4 * c.channels, "4h"};
+bool parameter_is_replicated(const std::string& name) {
+    return name == "wpe" || name == "ln1w" || name == "ln1b" || name == "attprojb" || name == "ln2w" ||
+           name == "ln2b" || name == "fcprojb" || name == "lnfw" || name == "lnfb";
+}
+
+void copy_parameter_shards(const GPTConfig& c, int t, int r, float* full, float* shard, ShardDirection direction) {
+    ParameterTensors unused{};
+    std::vector<TensorSpec> full_table = parameter_table(c, 1, &unused);
+    std::vector<TensorSpec> shard_table = parameter_table(c, t, &unused);
+    const int64_t C = c.channels, L = c.num_layers;
+    auto copy = [&](int64_t full_at, int64_t shard_at, int64_t count) {
+        if (direction == ShardDirection::full_to_shard) std::memcpy(shard + shard_at, full + full_at, count * 4);
+        else std::memcpy(full + full_at, shard + shard_at, count * 4);
+    };
+    int64_t f = 0, s = 0;  // where the current tensor starts in full and shard
+    for (size_t i = 0; i < full_table.size(); i++) {
+        const std::string& name = full_table[i].name;
+        if (parameter_is_replicated(name)) {
+            copy(f, s, full_table[i].elements());
+        } else if (name == "wte") {  // rows: a block of the vocabulary
+            int64_t rows = c.padded_vocab_size / t;
+            copy(f + r * rows * C, s, rows * C);
+        } else if (name == "qkvw" || name == "qkvb") {  // rows: this rank's heads of each of Q, K, V
+            int64_t width = name == "qkvw" ? C : 1, rows = C / t;
+            for (int64_t l = 0; l < L; l++)
+                for (int64_t third = 0; third < 3; third++)
+                    copy(f + (l * 3 * C + third * C + r * rows) * width, s + (l * 3 * rows + third * rows) * width,
+                         rows * width);
+        } else if (name == "fcw" || name == "fcb") {  // rows: a block of the 4C hidden units
+            int64_t width = name == "fcw" ? C : 1, rows = 4 * C / t;
+            for (int64_t l = 0; l < L; l++) copy(f + (l * 4 * C + r * rows) * width, s + l * rows * width, rows * width);
+        } else if (name == "attprojw" || name == "fcprojw") {  // columns: the inputs this rank produces
+            int64_t in = name == "attprojw" ? C : 4 * C, cols = in / t;
+            for (int64_t row = 0; row < L * C; row++) copy(f + row * in + r * cols, s + row * cols, cols);
+        }
+        f += full_table[i].elements();
+        s += shard_table[i].elements();
+    }
+}
+
+std::vector<TensorSpec> block_activation_table(const GPTConfig& c, const RunShape& r, const TensorParallelism& tp,
+                                               BlockActivations* a) {
+    const int t = tp.size;
+    Dim b{r.batch, "b"}, s{r.seq_len, "s"}, h{c.channels, "h"};
+    Dim s_local = tp.sequence_parallel ? split(r.seq_len, "s", t) : s;
+    Dim heads = split(c.num_heads, "a", t), h_t = split(c.channels, "h", t);
+    Dim h3_t = split(3 * c.channels, "3h", t), h4_t = split(4 * c.channels, "4h", t);
     return {
-        f32_tensor("ln1_in", {b, s, h}, &a->ln1_in),
-        f32_tensor("ln1_out", {b, s, h}, &a->ln1_out),
-        f32_tensor("qkv", {b, s, h3}, &a->qkv),
+        f32_tensor("ln1_in", {s_local, b, h}, &a->ln1_in),
+        f32_tensor("ln1_out", {s_local, b, h}, &a->ln1_out),
+        f32_tensor("qkv", {s, b, h3_t}, &a->qkv),
         f32_tensor("softmax_out", {b, heads, s, s}, &a->softmax_out),
         u8_tensor("attn_dropout_mask", {b, heads, s, s}, &a->attn_dropout_mask),
         f32_tensor("attn_dropout_out", {b, heads, s, s}, &a->attn_dropout_out),
-        f32_tensor("attn_out", {b, s, h}, &a->attn_out),
-        u8_tensor("proj_dropout_mask", {b, s, h}, &a->proj_dropout_mask),
-        f32_tensor("ln2_in", {b, s, h}, &a->ln2_in),
-        f32_tensor("ln2_out", {b, s, h}, &a->ln2_out),
-        f32_tensor("gelu_in", {b, s, h4}, &a->gelu_in),
-        f32_tensor("gelu_out", {b, s, h4}, &a->gelu_out),
-        u8_tensor("fc2_dropout_mask", {b, s, h}, &a->fc2_dropout_mask),
+        f32_tensor("attn_out", {s, b, h_t}, &a->attn_out),
+        u8_tensor("proj_dropout_mask", {s_local, b, h}, &a->proj_dropout_mask),
+        f32_tensor("ln2_in", {s_local, b, h}, &a->ln2_in),
+        f32_tensor("ln2_out", {s_local, b, h}, &a->ln2_out),
+        f32_tensor("gelu_in", {s, b, h4_t}, &a->gelu_in),
+        f32_tensor("gelu_out", {s, b, h4_t}, &a->gelu_out),
+        u8_tensor("fc2_dropout_mask", {s_local, b, h}, &a->fc2_dropout_mask),
     };
 }
 
-std::vector<TensorSpec> outside_activation_table(const GPTConfig& c, const RunShape& r, OutsideActivations* a) {
-    Dim b{r.batch, "b"}, s{r.seq_len, "s"}, h{c.channels, "h"}, Vp{c.padded_vocab_size, "Vp"};
+std::vector<TensorSpec> outside_activation_table(const GPTConfig& c, const RunShape& r, const TensorParallelism& tp,
+                                                 OutsideActivations* a) {
+    Dim b{r.batch, "b"}, s{r.seq_len, "s"}, h{c.channels, "h"};
+    Dim s_local = tp.sequence_parallel ? split(r.seq_len, "s", tp.size) : s;
     return {
-        u8_tensor("embedding_dropout_mask", {b, s, h}, &a->embedding_dropout_mask),
-        f32_tensor("lnf_in", {b, s, h}, &a->lnf_in),
-        f32_tensor("lnf_out", {b, s, h}, &a->lnf_out),
-        f32_tensor("logits", {b, s, Vp}, &a->logits),
-        f32_tensor("losses", {b, s}, &a->losses),
-        f32_tensor("lse", {b, s}, &a->lse),
+        u8_tensor("embedding_dropout_mask", {s_local, b, h}, &a->embedding_dropout_mask),
+        f32_tensor("lnf_in", {s_local, b, h}, &a->lnf_in),
+        f32_tensor("lnf_out", {s_local, b, h}, &a->lnf_out),
+        f32_tensor("logits", {s, b, split(c.padded_vocab_size, "Vp", tp.size)}, &a->logits),
+        f32_tensor("losses", {s, b}, &a->losses),
+        f32_tensor("lse", {s, b}, &a->lse),
     };
 }
 
-std::vector<TensorSpec> workspace_table(const GPTConfig& c, const RunShape& r, int threads, Workspace* w) {
-    Dim b{r.batch, "b"}, s{r.seq_len, "s"}, h{c.channels, "h"}, h4{4 * c.channels, "4h"};
+static int64_t replicated_elements(const GPTConfig& c) {
+    ParameterTensors unused{};
+    int64_t n = 0;
+    for (const TensorSpec& t : parameter_table(c, 1, &unused))
+        if (parameter_is_replicated(t.name)) n += t.elements();
+    return n;
+}
+
+std::vector<TensorSpec> workspace_table(const GPTConfig& c, const RunShape& r, const TensorParallelism& tp,
+                                        int threads, Workspace* w) {
+    const int t = tp.size;
+    Dim b{r.batch, "b"}, s{r.seq_len, "s"}, h{c.channels, "h"};
+    Dim s_local = tp.sequence_parallel ? split(r.seq_len, "s", t) : s;
+    bool packs_replicated = tp.sequence_parallel && t > 1;
     return {
-        f32_tensor("stream_grad", {b, s, h}, &w->stream_grad),
-        f32_tensor("branch", {b, s, h}, &w->branch),
-        f32_tensor("narrow_grad", {b, s, h}, &w->narrow_grad),
-        f32_tensor("wide_grad", {b, s, h4}, &w->wide_grad),
-        f32_tensor("ln_stats", {{2, "2"}, b, s}, &w->ln_stats),
+        f32_tensor("stream_grad", {s_local, b, h}, &w->stream_grad),
+        f32_tensor("branch", {s_local, b, h}, &w->branch),
+        f32_tensor("local_grad", {s_local, b, h}, &w->local_grad),
+        f32_tensor("gathered", {s, b, h}, &w->gathered),
+        f32_tensor("partial", {s, b, h}, &w->partial),
+        f32_tensor("attn_grad", {s, b, split(c.channels, "h", t)}, &w->attn_grad),
+        f32_tensor("wide_grad", {s, b, split(4 * c.channels, "4h", t)}, &w->wide_grad),
+        f32_tensor("ln_stats", {{2, "2"}, s_local, b}, &w->ln_stats),
+        f32_tensor("vocab_stats", {{3, "3"}, s, b}, &w->vocab_stats),
         f32_tensor("attention_scratch", {{threads, "threads"}, s, s}, &w->attention_scratch),
+        f32_tensor("replicated_grads", {{packs_replicated ? replicated_elements(c) : 0, "replicated"}},
+                   &w->replicated_grads),
     };
 }
 
-int64_t block_activation_formula_bytes(int64_t b, int64_t s, int64_t h, int64_t a, int64_t e) {
-    return b * s * h * (16 * e + 2) + b * a * s * s * (2 * e + 1);
+int64_t block_activation_formula_bytes(int64_t b, int64_t s, int64_t h, int64_t a, int64_t e, int64_t t,
+                                       bool sequence_parallel) {
+    int64_t attention_scores = b * a * s * s * (2 * e + 1) / t;
+    if (sequence_parallel) return b * s * h * (16 * e + 2) / t + attention_scores;
+    return b * s * h * (4 * e + 2) + b * s * h * 12 * e / t + attention_scores;
 }
 
 double model_flops_per_token(const GPTConfig& c, int seq_len) {
@@ -92,29 +169,34 @@ double model_flops_per_token(const GPTConfig& c, int seq_len) {
     return 6.0 * matmul_params + 12.0 * L * seq_len * C;
 }
 
-GPT::GPT(const GPTConfig& c, const RunShape& r) : config(c), shape(r) {
-    parameter_specs = parameter_table(config, &params);
+// ----------------------------------------------------------------------------
+// construction
+
+GPT::GPT(const GPTConfig& c, const RunShape& r, const TensorParallelism& t, Communicator* group)
+    : config(c), shape(r), tp(t), group_(group ? group : &single_rank_group_),
+      mappings_(group_, t.sequence_parallel && t.size > 1) {
+    if (group_->size() != tp.size || group_->rank() != tp.rank)
+        throw std::logic_error("GPT: the communicator does not match the tensor-parallel layout");
+    parameter_specs = parameter_table(config, tp.size, &params);
     param_arena = Arena(parameter_specs);
-    std::vector<TensorSpec> grad_specs = parameter_table(config, &grads);
-    grad_arena = Arena(grad_specs);
+    grad_arena = Arena(parameter_table(config, tp.size, &grads));
     num_parameters = int64_t(param_arena.bytes() / sizeof(float));
 
     blocks.resize(config.num_layers);
     std::vector<TensorSpec> activations;
     for (BlockActivations& block : blocks) {
-        std::vector<TensorSpec> table = block_activation_table(config, shape, &block);
+        std::vector<TensorSpec> table = block_activation_table(config, shape, tp, &block);
         activations.insert(activations.end(), table.begin(), table.end());
     }
-    std::vector<TensorSpec> outside_table = outside_activation_table(config, shape, &outside);
+    std::vector<TensorSpec> outside_table = outside_activation_table(config, shape, tp, &outside);
     activations.insert(activations.end(), outside_table.begin(), outside_table.end());
     activation_arena = Arena(activations);
-    workspace_arena = Arena(workspace_table(config, shape, omp_get_max_threads(), &workspace));
+    workspace_arena = Arena(workspace_table(config, shape, tp, omp_get_max_threads(), &workspace));
+    row_targets_.resize(size_t(shape.batch) * shape.seq_len);
 }
 
-std::vector<TensorSpec> GPT::block_table_of_layer0() const {
-    BlockActivations scratch{};
-    return block_activation_table(config, shape, &scratch);
-}
+int GPT::local_seq() const { return tp.sequence_parallel ? shape.seq_len / tp.size : shape.seq_len; }
+int GPT::seq_start() const { return tp.sequence_parallel ? tp.rank * local_seq() : 0; }
 
 void GPT::zero_grad() { std::memset(grad_arena.data(), 0, grad_arena.bytes()); }
 
@@ -135,71 +217,111 @@ static void fill_normal(float* out, int64_t n, float std, uint64_t seed, uint32_
 }
 
 void GPT::init_random(uint64_t seed) {
-    std::memset(param_arena.data(), 0, param_arena.bytes());
-    float std = 0.02f;
-    float residual_std = 0.02f / std::sqrt(2.0f * config.num_layers);
-    int64_t C = config.channels, L = config.num_layers;
-    fill_normal(params.wte, int64_t(config.vocab_size) * C, std, seed, 0);
-    fill_normal(params.wpe, int64_t(config.max_seq_len) * C, std, seed, 1);
-    fill_normal(params.qkvw, L * 3 * C * C, std, seed, 2);
-    fill_normal(params.attprojw, L * C * C, residual_std, seed, 3);
-    fill_normal(params.fcw, L * 4 * C * C, std, seed, 4);
-    fill_normal(params.fcprojw, L * 4 * C * C, residual_std, seed, 5);
-    for (int64_t i = 0; i < L * C; i++) params.ln1w[i] = params.ln2w[i] = 1.0f;
-    for (int64_t i = 0; i < C; i++) params.lnfw[i] = 1.0f;
+    // the full model, as at t = 1; then this rank's shard of it
+    ParameterTensors full{};
+    Arena full_arena(parameter_table(config, 1, &full));
+    const float std = 0.02f, residual_std = 0.02f / std::sqrt(2.0f * config.num_layers);
+    const int64_t C = config.channels, L = config.num_layers;
+    fill_normal(full.wte, int64_t(config.vocab_size) * C, std, seed, 0);
+    fill_normal(full.wpe, int64_t(config.max_seq_len) * C, std, seed, 1);
+    fill_normal(full.qkvw, L * 3 * C * C, std, seed, 2);
+    fill_normal(full.attprojw, L * C * C, residual_std, seed, 3);
+    fill_normal(full.fcw, L * 4 * C * C, std, seed, 4);
+    fill_normal(full.fcprojw, L * 4 * C * C, residual_std, seed, 5);
+    for (int64_t i = 0; i < L * C; i++) full.ln1w[i] = full.ln2w[i] = 1.0f;
+    for (int64_t i = 0; i < C; i++) full.lnfw[i] = 1.0f;
+    copy_parameter_shards(config, tp.size, tp.rank, full.wte, params.wte, ShardDirection::full_to_shard);
 }
 
 // ----------------------------------------------------------------------------
 // forward
 
-// The dropout box of a [b, s, h] activation of this micro-batch.
-static DropoutBox token_box(const RunShape& r, int C, int64_t batch_offset) {
-    return {r.batch, r.seq_len, C, r.seq_len, C, batch_offset, 0, 0};
+// Dropout boxes: where this rank's tensors sit in the global ones, whose
+// element order is [B_global, s, h] for token tensors and
+// [B_global, a, s, s] for attention probabilities.
+static DropoutBox token_box(int s_local, int B, int S, int C, int seq_start, int64_t batch_offset) {
+    return {s_local, B, C, C, int64_t(S) * C, seq_start, batch_offset};
+}
+
+static DropoutBox probs_box(int B, int heads_local, int heads, int S, int head_start, int64_t batch_offset) {
+    int64_t ss = int64_t(S) * S;
+    return {B, heads_local, ss, heads * ss, ss, batch_offset, head_start};
 }
 
 void GPT::block_forward(int l, float* block_out, const DropoutStep& draw, float p) {
-    const int B = shape.batch, T = shape.seq_len, C = config.channels, NH = config.num_heads;
-    const int N = B * T;
+    const int B = shape.batch, T = shape.seq_len, C = config.channels, t = tp.size;
+    const int Ct = C / t, heads = config.num_heads / t, hidden = 4 * C / t;
+    const int N = T * B, N_local = local_seq() * B;  // rows of the full and of the local activations
+    const size_t full = size_t(N) * C;
     BlockActivations& a = blocks[l];
-    float* branch = workspace.branch;
-    DropoutBox tokens = token_box(shape, C, draw.batch_offset);
-    DropoutBox probs = {B, NH, int64_t(T) * T, NH, int64_t(T) * T, draw.batch_offset, 0, 0};
+    DropoutBox tokens = token_box(local_seq(), B, T, C, seq_start(), draw.batch_offset);
+    DropoutBox probs = probs_box(B, heads, config.num_heads, T, tp.rank * heads, draw.batch_offset);
     auto key = [&](DropoutSite site) { return DropoutKey{draw.seed, draw.step, uint32_t(l), site}; };
 
-    // attention half: ln2_in = ln1_in + dropout(proj(attention(ln1(ln1_in))))
-    layernorm_forward(a.ln1_out, a.ln1_in, params.ln1w + l * C, params.ln1b + l * C, N, C);
-    matmul_forward(a.qkv, a.ln1_out, params.qkvw + int64_t(l) * 3 * C * C, params.qkvb + l * 3 * C, N, C, 3 * C);
-    attention_forward(a.attn_out, a.softmax_out, a.attn_dropout_mask, a.attn_dropout_out, a.qkv, B, T, C, NH, p,
-                      probs, key(DropoutSite::attention_probs));
-    matmul_forward(branch, a.attn_out, params.attprojw + int64_t(l) * C * C, params.attprojb + l * C, N, C, C);
-    dropout_forward(branch, a.proj_dropout_mask, branch, tokens, p, key(DropoutSite::attention_proj));
-    residual_forward(a.ln2_in, a.ln1_in, branch, int64_t(N) * C);
+    // attention half: ln2_in = ln1_in + dropout(ḡ(proj(attention(qkv(g(ln1(ln1_in)))))) + bias)
+    layernorm_forward(a.ln1_out, a.ln1_in, params.ln1w + l * C, params.ln1b + l * C, N_local, C);
+    const float* x = mappings_.g_forward(a.ln1_out, workspace.gathered, full);
+    matmul_forward(a.qkv, x, params.qkvw + int64_t(l) * 3 * Ct * C, params.qkvb + l * 3 * Ct, N, C, 3 * Ct);
+    attention_forward(a.attn_out, a.softmax_out, a.attn_dropout_mask, a.attn_dropout_out, a.qkv, B, T, Ct, heads,
+                      p, probs, key(DropoutSite::attention_probs));
+    matmul_forward(workspace.partial, a.attn_out, params.attprojw + int64_t(l) * C * Ct, nullptr, N, Ct, C);
+    float* y = mappings_.gbar_forward(workspace.partial, workspace.branch, full);
+    bias_forward(y, params.attprojb + l * C, N_local, C);
+    dropout_forward(y, a.proj_dropout_mask, y, tokens, p, key(DropoutSite::attention_proj));
+    residual_forward(a.ln2_in, a.ln1_in, y, int64_t(N_local) * C);
 
-    // MLP half: block_out = ln2_in + dropout(fc2(gelu(fc1(ln2(ln2_in)))))
-    layernorm_forward(a.ln2_out, a.ln2_in, params.ln2w + l * C, params.ln2b + l * C, N, C);
-    matmul_forward(a.gelu_in, a.ln2_out, params.fcw + int64_t(l) * 4 * C * C, params.fcb + l * 4 * C, N, C, 4 * C);
-    gelu_forward(a.gelu_out, a.gelu_in, int64_t(N) * 4 * C);
-    matmul_forward(branch, a.gelu_out, params.fcprojw + int64_t(l) * 4 * C * C, params.fcprojb + l * C, N, 4 * C,
-                   C);
-    dropout_forward(branch, a.fc2_dropout_mask, branch, tokens, p, key(DropoutSite::mlp_fc2));
-    residual_forward(block_out, a.ln2_in, branch, int64_t(N) * C);
+    // MLP half: block_out = ln2_in + dropout(ḡ(fc2(gelu(fc1(g(ln2(ln2_in)))))) + bias)
+    layernorm_forward(a.ln2_out, a.ln2_in, params.ln2w + l * C, params.ln2b + l * C, N_local, C);
+    x = mappings_.g_forward(a.ln2_out, workspace.gathered, full);
+    matmul_forward(a.gelu_in, x, params.fcw + int64_t(l) * hidden * C, params.fcb + l * hidden, N, C, hidden);
+    gelu_forward(a.gelu_out, a.gelu_in, int64_t(N) * hidden);
+    matmul_forward(workspace.partial, a.gelu_out, params.fcprojw + int64_t(l) * C * hidden, nullptr, N, hidden, C);
+    y = mappings_.gbar_forward(workspace.partial, workspace.branch, full);
+    bias_forward(y, params.fcprojb + l * C, N_local, C);
+    dropout_forward(y, a.fc2_dropout_mask, y, tokens, p, key(DropoutSite::mlp_fc2));
+    residual_forward(block_out, a.ln2_in, y, int64_t(N_local) * C);
+}
+
+// Final LayerNorm, the column-parallel LM head and the vocabulary-parallel
+// cross-entropy: the full logits never exist on one rank.
+void GPT::classifier_forward() {
+    const int C = config.channels, N = shape.seq_len * shape.batch, N_local = local_seq() * shape.batch;
+    const int Vp_local = config.padded_vocab_size / tp.size, vocab_start = tp.rank * Vp_local;
+    const int V_real = std::max(0, std::min(Vp_local, config.vocab_size - vocab_start));
+    layernorm_forward(outside.lnf_out, outside.lnf_in, params.lnfw, params.lnfb, N_local, C);
+    const float* x = mappings_.g_forward(outside.lnf_out, workspace.gathered, size_t(N) * C);
+    matmul_forward(outside.logits, x, params.wte, nullptr, N, C, Vp_local);
+
+    float* maxes = workspace.vocab_stats;
+    float* stats = workspace.vocab_stats + N;  // Σ exp [N], then the target logit [N]
+    crossentropy_max_forward(maxes, outside.logits, N, V_real, Vp_local);
+    group_->all_reduce_max(maxes, size_t(N));
+    crossentropy_sum_forward(stats, outside.logits, maxes, row_targets_.data(), vocab_start, N, V_real, Vp_local);
+    group_->all_reduce_sum(stats, size_t(2) * N);
+    for (int n = 0; n < N; n++) {
+        outside.lse[n] = maxes[n] + std::log(stats[n]);
+        outside.losses[n] = outside.lse[n] - stats[N + n];
+    }
 }
 
 float GPT::forward(const int* inputs, const int* targets, const DropoutStep& draw, bool training) {
     const int B = shape.batch, T = shape.seq_len, C = config.channels, L = config.num_layers;
-    const int N = B * T, V = config.vocab_size, Vp = config.padded_vocab_size;
-
+    const int N = T * B;
+    const int Vp_local = config.padded_vocab_size / tp.size;
     const float p = training ? shape.dropout : 0.0f;
-    // embedding, then its dropout, into the residual stream of block 0
-    embedding_forward(workspace.branch, inputs, params.wte, params.wpe, B, T, C);
-    dropout_forward(blocks[0].ln1_in, outside.embedding_dropout_mask, workspace.branch,
-                    token_box(shape, C, draw.batch_offset), p,
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) row_targets_[size_t(t) * B + b] = targets[b * T + t];
+
+    // vocabulary-parallel embedding: each rank looks up the tokens it holds,
+    // ḡ sums them (into this rank's sequence shard); then positions and dropout
+    token_embedding_forward(workspace.partial, inputs, params.wte, tp.rank * Vp_local, Vp_local, B, T, C);
+    float* x = mappings_.gbar_forward(workspace.partial, workspace.branch, size_t(N) * C);
+    position_embedding_forward(x, params.wpe, seq_start(), local_seq(), B, C);
+    dropout_forward(blocks[0].ln1_in, outside.embedding_dropout_mask, x,
+                    token_box(local_seq(), B, T, C, seq_start(), draw.batch_offset), p,
                     {draw.seed, draw.step, 0, DropoutSite::embedding});
     for (int l = 0; l < L; l++) block_forward(l, l + 1 < L ? blocks[l + 1].ln1_in : outside.lnf_in, draw, p);
-
-    layernorm_forward(outside.lnf_out, outside.lnf_in, params.lnfw, params.lnfb, N, C);
-    matmul_forward(outside.logits, outside.lnf_out, params.wte, nullptr, N, C, Vp);
-    crossentropy_forward(outside.losses, outside.lse, outside.logits, targets, N, V, Vp);
+    classifier_forward();
     double sum = 0.0;
     for (int i = 0; i < N; i++) sum += outside.losses[i];
     return float(sum / N);
@@ -210,51 +332,107 @@ float GPT::forward(const int* inputs, const int* targets, const DropoutStep& dra
 
 // On entry workspace.stream_grad holds dL/d(block output); on exit dL/d(block input).
 void GPT::block_backward(int l) {
-    const int B = shape.batch, T = shape.seq_len, C = config.channels, NH = config.num_heads;
-    const int N = B * T;
+    const int B = shape.batch, T = shape.seq_len, C = config.channels, t = tp.size;
+    const int Ct = C / t, heads = config.num_heads / t, hidden = 4 * C / t;
+    const int N = T * B, N_local = local_seq() * B;
+    const size_t full = size_t(N) * C;
     const float p = shape.dropout;
     const BlockActivations& a = blocks[l];
-    float* dstream = workspace.stream_grad;
-    float* dbranch = workspace.branch;
-    float* dnarrow = workspace.narrow_grad;
-    float* dwide = workspace.wide_grad;
+    Workspace& w = workspace;
 
     // MLP half
-    dropout_backward(dbranch, a.fc2_dropout_mask, dstream, int64_t(N) * C, p);
-    matmul_backward(dwide, grads.fcprojw + int64_t(l) * 4 * C * C, grads.fcprojb + l * C, dbranch, a.gelu_out,
-                    params.fcprojw + int64_t(l) * 4 * C * C, N, 4 * C, C);
-    gelu_backward(dwide, a.gelu_in, dwide, int64_t(N) * 4 * C);
-    matmul_backward(dnarrow, grads.fcw + int64_t(l) * 4 * C * C, grads.fcb + l * 4 * C, dwide, a.ln2_out,
-                    params.fcw + int64_t(l) * 4 * C * C, N, C, 4 * C);
-    layernorm_backward(dstream, grads.ln2w + l * C, grads.ln2b + l * C, dnarrow, a.ln2_in, params.ln2w + l * C,
-                       workspace.ln_stats, N, C);
+    dropout_backward(w.branch, a.fc2_dropout_mask, w.stream_grad, int64_t(N_local) * C, p);
+    bias_backward(grads.fcprojb + l * C, w.branch, N_local, C);
+    const float* dy = mappings_.gbar_backward(w.branch, w.gathered, full);
+    matmul_backward(w.wide_grad, grads.fcprojw + int64_t(l) * C * hidden, nullptr, dy, a.gelu_out,
+                    params.fcprojw + int64_t(l) * C * hidden, N, hidden, C);
+    gelu_backward(w.wide_grad, a.gelu_in, w.wide_grad, int64_t(N) * hidden);
+    const float* x = mappings_.g_forward(a.ln2_out, w.gathered, full);  // re-gather the saved shard
+    matmul_backward(w.partial, grads.fcw + int64_t(l) * hidden * C, grads.fcb + l * hidden, w.wide_grad, x,
+                    params.fcw + int64_t(l) * hidden * C, N, C, hidden);
+    const float* dln = mappings_.g_backward(w.partial, w.local_grad, full);
+    layernorm_backward(w.stream_grad, grads.ln2w + l * C, grads.ln2b + l * C, dln, a.ln2_in, params.ln2w + l * C,
+                       w.ln_stats, N_local, C);
 
     // attention half
-    dropout_backward(dbranch, a.proj_dropout_mask, dstream, int64_t(N) * C, p);
-    matmul_backward(dnarrow, grads.attprojw + int64_t(l) * C * C, grads.attprojb + l * C, dbranch, a.attn_out,
-                    params.attprojw + int64_t(l) * C * C, N, C, C);
-    attention_backward(dwide, dnarrow, a.qkv, a.softmax_out, a.attn_dropout_mask, a.attn_dropout_out,
-                       workspace.attention_scratch, B, T, C, NH, p);
-    matmul_backward(dnarrow, grads.qkvw + int64_t(l) * 3 * C * C, grads.qkvb + l * 3 * C, dwide, a.ln1_out,
-                    params.qkvw + int64_t(l) * 3 * C * C, N, C, 3 * C);
-    layernorm_backward(dstream, grads.ln1w + l * C, grads.ln1b + l * C, dnarrow, a.ln1_in, params.ln1w + l * C,
-                       workspace.ln_stats, N, C);
+    dropout_backward(w.branch, a.proj_dropout_mask, w.stream_grad, int64_t(N_local) * C, p);
+    bias_backward(grads.attprojb + l * C, w.branch, N_local, C);
+    dy = mappings_.gbar_backward(w.branch, w.gathered, full);
+    matmul_backward(w.attn_grad, grads.attprojw + int64_t(l) * C * Ct, nullptr, dy, a.attn_out,
+                    params.attprojw + int64_t(l) * C * Ct, N, Ct, C);
+    attention_backward(w.wide_grad, w.attn_grad, a.qkv, a.softmax_out, a.attn_dropout_mask, a.attn_dropout_out,
+                       w.attention_scratch, B, T, Ct, heads, p);
+    x = mappings_.g_forward(a.ln1_out, w.gathered, full);
+    matmul_backward(w.partial, grads.qkvw + int64_t(l) * 3 * Ct * C, grads.qkvb + l * 3 * Ct, w.wide_grad, x,
+                    params.qkvw + int64_t(l) * 3 * Ct * C, N, C, 3 * Ct);
+    dln = mappings_.g_backward(w.partial, w.local_grad, full);
+    layernorm_backward(w.stream_grad, grads.ln1w + l * C, grads.ln1b + l * C, dln, a.ln1_in, params.ln1w + l * C,
+                       w.ln_stats, N_local, C);
 }
 
-void GPT::backward(const int* inputs, const int* targets, float dloss_scale) {
-    const int B = shape.batch, T = shape.seq_len, C = config.channels, L = config.num_layers;
-    const int N = B * T, V = config.vocab_size, Vp = config.padded_vocab_size;
+// Leaves dL/d(lnf_in) in workspace.stream_grad.
+void GPT::classifier_backward(float dloss_scale) {
+    const int C = config.channels, N = shape.seq_len * shape.batch, N_local = local_seq() * shape.batch;
+    const int Vp_local = config.padded_vocab_size / tp.size, vocab_start = tp.rank * Vp_local;
+    const int V_real = std::max(0, std::min(Vp_local, config.vocab_size - vocab_start));
+    Workspace& w = workspace;
+    crossentropy_backward(outside.logits, outside.lse, row_targets_.data(), vocab_start, dloss_scale, N, V_real,
+                          Vp_local);
+    const float* x = mappings_.g_forward(outside.lnf_out, w.gathered, size_t(N) * C);  // re-gather
+    matmul_backward(w.partial, grads.wte, nullptr, outside.logits, x, params.wte, N, C, Vp_local);
+    const float* dln = mappings_.g_backward(w.partial, w.local_grad, size_t(N) * C);
+    std::memset(w.stream_grad, 0, sizeof(float) * N_local * C);
+    layernorm_backward(w.stream_grad, grads.lnfw, grads.lnfb, dln, outside.lnf_in, params.lnfw, w.ln_stats, N_local,
+                       C);
+}
 
-    crossentropy_backward(outside.logits, outside.lse, targets, dloss_scale, N, V, Vp);
-    matmul_backward(workspace.narrow_grad, grads.wte, nullptr, outside.logits, outside.lnf_out, params.wte, N, C,
-                    Vp);
-    std::memset(workspace.stream_grad, 0, sizeof(float) * N * C);
-    layernorm_backward(workspace.stream_grad, grads.lnfw, grads.lnfb, workspace.narrow_grad, outside.lnf_in,
-                       params.lnfw, workspace.ln_stats, N, C);
+void GPT::backward(const int* inputs, float dloss_scale) {
+    const int B = shape.batch, T = shape.seq_len, C = config.channels, L = config.num_layers;
+    const int N = T * B, N_local = local_seq() * B, Vp_local = config.padded_vocab_size / tp.size;
+    Workspace& w = workspace;
+    classifier_backward(dloss_scale);
     for (int l = L - 1; l >= 0; l--) block_backward(l);
-    dropout_backward(workspace.branch, outside.embedding_dropout_mask, workspace.stream_grad, int64_t(N) * C,
-                     shape.dropout);
-    embedding_backward(grads.wte, grads.wpe, workspace.branch, inputs, B, T, C);
+    dropout_backward(w.branch, outside.embedding_dropout_mask, w.stream_grad, int64_t(N_local) * C, shape.dropout);
+    position_embedding_backward(grads.wpe, w.branch, seq_start(), local_seq(), B, C);
+    const float* demb = mappings_.gbar_backward(w.branch, w.gathered, size_t(N) * C);
+    token_embedding_backward(grads.wte, demb, inputs, tp.rank * Vp_local, Vp_local, B, T, C);
+}
+
+// ----------------------------------------------------------------------------
+// gradients of the replicated parameters
+
+void GPT::reduce_replicated_grads() {
+    if (!(tp.sequence_parallel && tp.size > 1)) return;  // without SP every rank computed the same, whole gradient
+    float* packed = workspace.replicated_grads;
+    auto visit = [&](bool pack) {
+        int64_t at = 0, offset = 0;
+        for (const TensorSpec& t : parameter_specs) {
+            if (parameter_is_replicated(t.name)) {
+                float* g = grads.wte + at;
+                if (pack) std::memcpy(packed + offset, g, t.bytes());
+                else std::memcpy(g, packed + offset, t.bytes());
+                offset += t.elements();
+            }
+            at += t.elements();
+        }
+        return offset;
+    };
+    int64_t count = visit(true);
+    group_->all_reduce_sum(packed, size_t(count));
+    visit(false);
+}
+
+void GPT::grad_square_sums(double* sharded, double* replicated) const {
+    *sharded = *replicated = 0.0;
+    int64_t at = 0;
+    for (const TensorSpec& t : parameter_specs) {
+        const float* g = grads.wte + at;
+        double sum = 0.0;
+#pragma omp parallel for reduction(+ : sum)
+        for (int64_t i = 0; i < t.elements(); i++) sum += double(g[i]) * g[i];
+        (parameter_is_replicated(t.name) ? *replicated : *sharded) += sum;
+        at += t.elements();
+    }
 }
 
 }  // namespace tpsp

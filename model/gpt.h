@@ -1,11 +1,19 @@
-// GPT-2 on one rank, CPU, fp32: parameters, the saved activations of
-// DESIGN §2, the backward workspace, and forward / backward of the model.
+// GPT-2 on one rank of a tensor-parallel group, CPU, fp32: the parameter
+// shard, the saved activations of DESIGN §2 for this rank, the backward
+// workspace, and forward / backward with the g / ḡ collectives of DESIGN §3.
+// With a group of one (the default) it is the plain single-rank model.
+//
+// Activations are sequence-major, [s, b, h] as in Megatron, so that a
+// sequence shard [s/t, b, h] is a contiguous block of rows.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "model/tensor_table.h"
+#include "parallel/communicator.h"
+#include "parallel/mappings.h"
 
 namespace tpsp {
 
@@ -26,66 +34,94 @@ struct RunShape {
     float dropout = 0.0f;
 };
 
+// How this rank takes part in tensor parallelism.
+struct TensorParallelism {
+    int size = 1;                   // t
+    int rank = 0;
+    bool sequence_parallel = true;  // SP; false: Megatron's TP-only f / f̄
+};
+
 // llm.c's 16 parameter tensors, in llm.c's order (the checkpoint order).
+// Per rank: the column-parallel weights hold 1/t of their output rows (QKV
+// per head, so each third is split), the row-parallel weights 1/t of their
+// input columns, wte 1/t of the (padded) vocabulary; the rest is replicated.
 struct ParameterTensors {
-    float *wte, *wpe;                   // [Vp, C], [maxT, C]
+    float *wte, *wpe;                   // [Vp/t, C], [maxT, C]
     float *ln1w, *ln1b;                 // [L, C]
-    float *qkvw, *qkvb;                 // [L, 3C, C], [L, 3C]
-    float *attprojw, *attprojb;         // [L, C, C], [L, C]
+    float *qkvw, *qkvb;                 // [L, 3C/t, C], [L, 3C/t]
+    float *attprojw, *attprojb;         // [L, C, C/t], [L, C]
     float *ln2w, *ln2b;                 // [L, C]
-    float *fcw, *fcb;                   // [L, 4C, C], [L, 4C]
-    float *fcprojw, *fcprojb;           // [L, C, 4C], [L, C]
+    float *fcw, *fcb;                   // [L, 4C/t, C], [L, 4C/t]
+    float *fcprojw, *fcprojb;           // [L, C, 4C/t], [L, C]
     float *lnfw, *lnfb;                 // [C]
 };
-std::vector<TensorSpec> parameter_table(const GPTConfig& config, ParameterTensors* p);
+std::vector<TensorSpec> parameter_table(const GPTConfig& config, int tp, ParameterTensors* p);
 // The tensors AdamW decays by default: the matrices (wte, wpe and the four linear weights).
 bool parameter_is_matrix(const std::string& name);
+// The tensors every rank of a TP group holds whole (their gradients are
+// summed over the group under SP).
+bool parameter_is_replicated(const std::string& name);
+
+// Copies between a full tensor (llm.c layout) and rank r's shard of it.
+enum class ShardDirection { full_to_shard, shard_to_full };
+void copy_parameter_shards(const GPTConfig& config, int tp, int rank, float* full, float* shard,
+                           ShardDirection direction);
 
 // What one block keeps for backward: exactly the table of DESIGN §2.
+// s_local = s/t under SP, s without.
 struct BlockActivations {
-    float* ln1_in;              // [b, s, h]  residual stream entering the block
-    float* ln1_out;             // [b, s, h]  QKV GEMM input
-    float* qkv;                 // [b, s, 3h]
-    float* softmax_out;         // [b, a, s, s]  S'
-    uint8_t* attn_dropout_mask; // [b, a, s, s]
-    float* attn_dropout_out;    // [b, a, s, s]  S
-    float* attn_out;            // [b, s, h]  proj GEMM input
-    uint8_t* proj_dropout_mask; // [b, s, h]
-    float* ln2_in;              // [b, s, h]
-    float* ln2_out;             // [b, s, h]  fc1 GEMM input
-    float* gelu_in;             // [b, s, 4h] fc1 output
-    float* gelu_out;            // [b, s, 4h] fc2 GEMM input
-    uint8_t* fc2_dropout_mask;  // [b, s, h]
+    float* ln1_in;              // [s_local, b, h]  residual stream entering the block
+    float* ln1_out;             // [s_local, b, h]  QKV GEMM input (re-gathered in backward)
+    float* qkv;                 // [s, b, 3h/t]
+    float* softmax_out;         // [b, a/t, s, s]  S'
+    uint8_t* attn_dropout_mask; // [b, a/t, s, s]
+    float* attn_dropout_out;    // [b, a/t, s, s]  S
+    float* attn_out;            // [s, b, h/t]  proj GEMM input
+    uint8_t* proj_dropout_mask; // [s_local, b, h]
+    float* ln2_in;              // [s_local, b, h]
+    float* ln2_out;             // [s_local, b, h]  fc1 GEMM input (re-gathered in backward)
+    float* gelu_in;             // [s, b, 4h/t] fc1 output
+    float* gelu_out;            // [s, b, 4h/t] fc2 GEMM input
+    uint8_t* fc2_dropout_mask;  // [s_local, b, h]
 };
 
 // What the model keeps outside the blocks.
 struct OutsideActivations {
-    uint8_t* embedding_dropout_mask;  // [b, s, h]
-    float* lnf_in;                    // [b, s, h]  output of the last block
-    float* lnf_out;                   // [b, s, h]
-    float* logits;                    // [b, s, Vp] overwritten by its gradient in backward
-    float* losses;                    // [b, s]  per-token loss
-    float* lse;                       // [b, s]  per-token log-sum-exp
+    uint8_t* embedding_dropout_mask;  // [s_local, b, h]
+    float* lnf_in;                    // [s_local, b, h]  output of the last block
+    float* lnf_out;                   // [s_local, b, h]  (re-gathered in backward)
+    float* logits;                    // [s, b, Vp/t] overwritten by its gradient in backward
+    float* losses;                    // [s, b]  per-token loss
+    float* lse;                       // [s, b]  per-token log-sum-exp
 };
 
 // Scratch reused from block to block; not kept across forward and backward.
 struct Workspace {
-    float* stream_grad;        // [b, s, h]  gradient of the residual stream
-    float* branch;             // [b, s, h]  a branch's output before its dropout / the gradient entering it
-    float* narrow_grad;        // [b, s, h]  gradient of an LN output or of the attention output
-    float* wide_grad;          // [b, s, 4h] gradient of fc1's output, or of qkv
-    float* ln_stats;           // [2, b, s]  LayerNorm statistics recomputed in backward
+    float* stream_grad;        // [s_local, b, h] gradient of the residual stream
+    float* branch;             // [s_local, b, h] a branch's output before its dropout / the gradient entering it
+    float* local_grad;         // [s_local, b, h] gradient of an LN output, after g's backward
+    float* gathered;           // [s, b, h]  g's all-gather of an LN output / ḡ's all-gather of a gradient
+    float* partial;            // [s, b, h]  a row-parallel output, or a column-parallel dgrad, before its reduction
+    float* attn_grad;          // [s, b, h/t] gradient of the attention output
+    float* wide_grad;          // [s, b, 4h/t] gradient of fc1's output, or of qkv
+    float* ln_stats;           // [2, s_local, b] LayerNorm statistics recomputed in backward
+    float* vocab_stats;        // [3, s, b] cross-entropy row max, Σ exp, target logit
     float* attention_scratch;  // [threads, s, s] one head's score gradient per thread
+    float* replicated_grads;   // the replicated parameters' gradients, packed for one all-reduce
 };
 
-std::vector<TensorSpec> block_activation_table(const GPTConfig& config, const RunShape& shape, BlockActivations* a);
+std::vector<TensorSpec> block_activation_table(const GPTConfig& config, const RunShape& shape,
+                                               const TensorParallelism& tp, BlockActivations* a);
 std::vector<TensorSpec> outside_activation_table(const GPTConfig& config, const RunShape& shape,
-                                                 OutsideActivations* a);
-std::vector<TensorSpec> workspace_table(const GPTConfig& config, const RunShape& shape, int threads,
-                                        Workspace* w);
+                                                 const TensorParallelism& tp, OutsideActivations* a);
+std::vector<TensorSpec> workspace_table(const GPTConfig& config, const RunShape& shape, const TensorParallelism& tp,
+                                        int threads, Workspace* w);
 
-// DESIGN §2, one rank (t = 1): b·s·h·(16e + 2) + b·a·s²·(2e + 1) bytes per block.
-int64_t block_activation_formula_bytes(int64_t b, int64_t s, int64_t h, int64_t a, int64_t e);
+// DESIGN §2, bytes per block per rank:
+//   TP+SP:    b·s·h·(16e + 2)/t  +  b·a·s²·(2e + 1)/t
+//   TP only:  b·s·h·(4e + 2)     +  b·s·h·12e/t  +  b·a·s²·(2e + 1)/t
+int64_t block_activation_formula_bytes(int64_t b, int64_t s, int64_t h, int64_t a, int64_t e, int64_t t,
+                                       bool sequence_parallel);
 
 // The dropout draw of one forward: the same (seed, step) draws the same masks;
 // batch_offset is the global index of this micro-batch's first sequence
@@ -98,33 +134,50 @@ struct DropoutStep {
 
 class GPT {
 public:
-    GPT(const GPTConfig& config, const RunShape& shape);
+    // group: the TP group's communicator (its size and rank must match tp);
+    // null for a single rank.
+    GPT(const GPTConfig& config, const RunShape& shape, const TensorParallelism& tp = {},
+        Communicator* group = nullptr);
 
-    // inputs, targets [b, s]; returns the mean loss over the b·s tokens.
+    // inputs, targets [b, s] (the data's order); returns the mean loss over the b·s tokens.
     // training = false turns dropout off (validation, sampling).
     float forward(const int* inputs, const int* targets, const DropoutStep& draw, bool training = true);
     // Accumulates into grads the gradient of dloss_scale · Σ token losses.
     // Uses the activations of the last forward; overwrites logits.
-    void backward(const int* inputs, const int* targets, float dloss_scale);
+    void backward(const int* inputs, float dloss_scale);
+    // Under SP each rank saw only its tokens: sums the replicated parameters'
+    // gradients over the TP group, in one all-reduce. Once per optimizer step.
+    void reduce_replicated_grads();
     void zero_grad();
     // GPT-2's initialisation: N(0, 0.02), residual projections N(0, 0.02/√(2L)),
-    // biases 0, LayerNorm weights 1; the padded vocabulary rows stay 0.
+    // biases 0, LayerNorm weights 1; the padded vocabulary rows stay 0. The
+    // same full weights for any t: each rank keeps its shard.
     void init_random(uint64_t seed);
+    // Σ grad² over this rank's tensors, sharded and replicated separately.
+    void grad_square_sums(double* sharded, double* replicated) const;
 
     GPTConfig config;
     RunShape shape;
-    std::vector<TensorSpec> parameter_specs;  // names and shapes, llm.c order
-    int64_t num_parameters = 0;
+    TensorParallelism tp;
+    std::vector<TensorSpec> parameter_specs;  // names and shapes of this rank's shard, llm.c order
+    int64_t num_parameters = 0;               // of this rank's shard
     ParameterTensors params{}, grads{};
     std::vector<BlockActivations> blocks;
     OutsideActivations outside{};
     Workspace workspace{};
     Arena param_arena, grad_arena, activation_arena, workspace_arena;
-    std::vector<TensorSpec> block_table_of_layer0() const;  // for reports
 
 private:
     void block_forward(int layer, float* block_out, const DropoutStep& draw, float p);
     void block_backward(int layer);
+    void classifier_forward();
+    void classifier_backward(float dloss_scale);
+    int local_seq() const;   // s/t under SP, s without
+    int seq_start() const;   // first position of this rank's sequence shard
+    Communicator single_rank_group_;
+    Communicator* group_;
+    TensorParallelMappings mappings_;
+    std::vector<int> row_targets_;  // [s, b] the targets in the activations' row order
 };
 
 // Model FLOPs of one forward+backward per token (PaLM's 6N + 12·L·s·h, with

@@ -10,35 +10,41 @@ static std::string mib(int64_t bytes) {
     return buf;
 }
 
-MemoryReport memory_report(const GPTConfig& c, const RunShape& r, int threads) {
+MemoryReport memory_report(const GPTConfig& c, const RunShape& r, const TensorParallelism& tp, int threads) {
     BlockActivations block{};
     OutsideActivations outside{};
     Workspace workspace{};
     ParameterTensors params{};
-    std::vector<TensorSpec> block_table = block_activation_table(c, r, &block);
-    std::vector<TensorSpec> outside_table = outside_activation_table(c, r, &outside);
-    std::vector<TensorSpec> workspace_table_ = workspace_table(c, r, threads, &workspace);
+    std::vector<TensorSpec> block_table = block_activation_table(c, r, tp, &block);
+    std::vector<TensorSpec> outside_table = outside_activation_table(c, r, tp, &outside);
+    std::vector<TensorSpec> workspace_table_ = workspace_table(c, r, tp, threads, &workspace);
 
     MemoryReport m;
     m.block_bytes = int64_t(table_bytes(block_table));
-    m.block_formula_bytes = block_activation_formula_bytes(r.batch, r.seq_len, c.channels, c.num_heads, 4);
+    const bool sp = tp.sequence_parallel || tp.size == 1;
+    m.block_formula_bytes =
+        block_activation_formula_bytes(r.batch, r.seq_len, c.channels, c.num_heads, 4, tp.size, sp);
     m.blocks_bytes = m.block_bytes * c.num_layers;
     m.outside_bytes = int64_t(table_bytes(outside_table));
     m.workspace_bytes = int64_t(table_bytes(workspace_table_));
-    m.parameter_bytes = int64_t(table_bytes(parameter_table(c, &params)));
+    m.parameter_bytes = int64_t(table_bytes(parameter_table(c, tp.size, &params)));
 
     char line[512];
+    const char* mode = tp.size == 1 ? "one rank" : sp ? "TP+SP" : "TP only";
     std::snprintf(line, sizeof line,
-                  "model: L=%d a=%d h=%d V=%d Vp=%d | run: b=%d s=%d dropout=%g | t=1, fp32 activations (e=4)\n\n",
+                  "model: L=%d a=%d h=%d V=%d Vp=%d | run: b=%d s=%d dropout=%g | %s, t=%d, per rank | "
+                  "fp32 activations (e=4)\n\n",
                   c.num_layers, c.num_heads, c.channels, c.vocab_size, c.padded_vocab_size, r.batch, r.seq_len,
-                  r.dropout);
+                  r.dropout, mode, tp.size);
     m.text = line;
     m.text += format_table("saved activations of one transformer block (each of the L blocks):", block_table);
+    const char* formula = tp.size == 1 ? "b·s·h·(16e+2) + b·a·s²·(2e+1)"
+                          : sp         ? "b·s·h·(16e+2)/t + b·a·s²·(2e+1)/t"
+                                       : "b·s·h·(4e+2) + b·s·h·12e/t + b·a·s²·(2e+1)/t";
     std::snprintf(line, sizeof line,
-                  "\nformula per block: b·s·h·(16e+2) + b·a·s²·(2e+1) = %d·%d·%d·66 + %d·%d·%d²·9 = %lld bytes\n"
+                  "\nformula per block: %s = %lld bytes\n"
                   "table per block:   %lld bytes  ->  %s\n\n",
-                  r.batch, r.seq_len, c.channels, r.batch, c.num_heads, r.seq_len,
-                  (long long)m.block_formula_bytes, (long long)m.block_bytes,
+                  formula, (long long)m.block_formula_bytes, (long long)m.block_bytes,
                   m.block_bytes == m.block_formula_bytes ? "EQUAL" : "NOT EQUAL");
     m.text += line;
     m.text += format_table("saved outside the blocks (not part of the per-block formula):", outside_table);

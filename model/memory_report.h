@@ -1,5 +1,5 @@
-// `tpsp memory`: the activation tables the model allocates, beside the
-// formula of DESIGN §2 that they must equal.
+// `tpsp memory`: the activation tables one rank allocates, beside the
+// formula of DESIGN §2 for its mode that they must equal.
 #pragma once
 #include <string>
 
@@ -9,13 +9,13 @@ namespace tpsp {
 
 struct MemoryReport {
     int64_t block_bytes;          // one block's table, summed
-    int64_t block_formula_bytes;  // b·s·h·(16e+2) + b·a·s²·(2e+1)
+    int64_t block_formula_bytes;  // DESIGN §2's formula for this mode and t
     int64_t blocks_bytes;         // all L blocks
     int64_t outside_bytes, workspace_bytes, parameter_bytes;
     std::string text;
 };
 
 // Built from the same tables the GPT constructor lays its arenas out from.
-MemoryReport memory_report(const GPTConfig& config, const RunShape& shape, int threads);
+MemoryReport memory_report(const GPTConfig& config, const RunShape& shape, const TensorParallelism& tp, int threads);
 
 }  // namespace tpsp

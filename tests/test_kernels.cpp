@@ -101,35 +101,73 @@ TEST(Kernels, EmbeddingBackwardMatchesFiniteDifferences) {
     std::vector<int> tokens = {3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7};  // repeats on purpose
     auto wte = random_vector(V * C, 13), wpe = random_vector(maxT * C, 14), dout = random_vector(N * C, 15);
     std::vector<float> out(N * C), dwte(V * C, 0.0f), dwpe(maxT * C, 0.0f);
-    embedding_backward(dwte.data(), dwpe.data(), dout.data(), tokens.data(), B, T, C);
+    token_embedding_backward(dwte.data(), dout.data(), tokens.data(), 0, V, B, T, C);
+    position_embedding_backward(dwpe.data(), dout.data(), 0, T, B, C);
     auto loss = [&] {
-        embedding_forward(out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
+        token_embedding_forward(out.data(), tokens.data(), wte.data(), 0, V, B, T, C);
+        position_embedding_forward(out.data(), wpe.data(), 0, T, B, C);
         return weighted_sum(out.data(), dout);
     };
     EXPECT_LT(gradient_error(loss, wte.data(), dwte.data(), V * C), tolerance);
     EXPECT_LT(gradient_error(loss, wpe.data(), dwpe.data(), maxT * C), tolerance);
 }
 
+TEST(Kernels, VocabularyShardsOfTheEmbeddingSumToTheWhole) {
+    constexpr int V = 12;
+    std::vector<int> tokens = {3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 11, 7};
+    auto wte = random_vector(V * C, 23);
+    std::vector<float> whole(N * C), sum(N * C, 0.0f), part(N * C);
+    token_embedding_forward(whole.data(), tokens.data(), wte.data(), 0, V, B, T, C);
+    for (int r = 0; r < 3; r++) {  // three ranks of 4 rows each
+        token_embedding_forward(part.data(), tokens.data(), wte.data() + r * 4 * C, r * 4, 4, B, T, C);
+        for (int i = 0; i < N * C; i++) sum[i] += part[i];
+    }
+    EXPECT_EQ(sum, whole);
+}
+
+// The cross-entropy of a vocabulary shard, combined as the model combines it
+// over ranks (max, then sums); here for one rank holding everything.
+static double crossentropy_mean(const std::vector<float>& logits, const std::vector<int>& targets,
+                                std::vector<float>& lse, int V, int Vp) {
+    std::vector<float> maxes(N), stats(2 * N);
+    crossentropy_max_forward(maxes.data(), logits.data(), N, V, Vp);
+    crossentropy_sum_forward(stats.data(), logits.data(), maxes.data(), targets.data(), 0, N, V, Vp);
+    double sum = 0;
+    for (int n = 0; n < N; n++) {
+        lse[n] = maxes[n] + std::log(stats[n]);
+        sum += lse[n] - stats[N + n];
+    }
+    return sum / N;
+}
+
 TEST(Kernels, CrossEntropyBackwardMatchesFiniteDifferences) {
     constexpr int V = 11, Vp = 16;
     std::vector<int> targets = {0, 10, 3, 4, 7, 7, 1, 2, 9, 8, 6, 5, 0, 10};
     auto logits = random_vector(N * Vp, 16, 2.0f);
-    std::vector<float> losses(N), lse(N);
-    auto loss = [&] {
-        crossentropy_forward(losses.data(), lse.data(), logits.data(), targets.data(), N, V, Vp);
-        double sum = 0;
-        for (float l : losses) sum += l;
-        return sum / N;
-    };
+    std::vector<float> lse(N);
+    auto loss = [&] { return crossentropy_mean(logits, targets, lse, V, Vp); };
     loss();
     std::vector<float> dlogits = logits;
-    crossentropy_backward(dlogits.data(), lse.data(), targets.data(), 1.0f / N, N, V, Vp);
+    crossentropy_backward(dlogits.data(), lse.data(), targets.data(), 0, 1.0f / N, N, V, Vp);
     EXPECT_LT(gradient_error(loss, logits.data(), dlogits.data(), N * Vp), tolerance);
     for (int n = 0; n < N; n++)
         for (int v = V; v < Vp; v++) EXPECT_EQ(dlogits[n * Vp + v], 0.0f) << "padded column " << v;
 }
 
-static DropoutBox full_box(int64_t n0, int64_t n1, int64_t n2) { return {n0, n1, n2, n1, n2, 0, 0, 0}; }
+TEST(Kernels, BiasBackwardMatchesFiniteDifferences) {
+    constexpr int OC = 9;
+    auto out0 = random_vector(N * OC, 24), bias = random_vector(OC, 25), dout = random_vector(N * OC, 26);
+    std::vector<float> out(N * OC), dbias(OC, 0.0f);
+    bias_backward(dbias.data(), dout.data(), N, OC);
+    auto loss = [&] {
+        out = out0;
+        bias_forward(out.data(), bias.data(), N, OC);
+        return weighted_sum(out.data(), dout);
+    };
+    EXPECT_LT(gradient_error(loss, bias.data(), dbias.data(), OC), tolerance);
+}
+
+static DropoutBox full_box(int64_t n0, int64_t n1, int64_t n2) { return {n0, n1, n2, n1 * n2, n2, 0, 0}; }
 
 TEST(Kernels, DropoutBackwardMatchesFiniteDifferences) {
     const float p = 0.3f;
@@ -168,7 +206,9 @@ static void attention_gradient_check(float p) {
         int t = r % T;
         double sum = 0;
         for (int t2 = 0; t2 < T; t2++) {
-            if (t2 > t) EXPECT_EQ(softmax_out[r * T + t2], 0.0f);
+            if (t2 > t) {
+                EXPECT_EQ(softmax_out[r * T + t2], 0.0f);
+            }
             sum += softmax_out[r * T + t2];
         }
         EXPECT_NEAR(sum, 1.0, 1e-5);
@@ -207,21 +247,22 @@ TEST(Dropout, SameKeyDrawsTheSameMaskAndOtherKeysDoNot) {
 }
 
 TEST(Dropout, AShardDrawsTheSameMaskAsItsPlaceInTheWholeTensor) {
-    // a [2, 12, 10] tensor; the shard is the sequence slice 4..7 of it, as a
-    // TP rank under sequence parallelism would hold it.
+    // The global tensor is [b, s, h] = [2, 12, 10] in batch-major order. The
+    // shard is what a rank holds under sequence parallelism: positions 4..6
+    // of every sequence, stored sequence-major [3, b, h].
     const int b = 2, s = 12, h = 10, s0 = 4, sn = 3;
     DropoutKey key{99, 1, 0, DropoutSite::embedding};
     std::vector<float> whole_in(b * s * h, 1.0f), whole_out(whole_in.size());
     std::vector<uint8_t> whole_mask(whole_in.size());
     dropout_forward(whole_out.data(), whole_mask.data(), whole_in.data(), full_box(b, s, h), 0.4f, key);
-    std::vector<float> shard_in(b * sn * h, 1.0f), shard_out(shard_in.size());
+    std::vector<float> shard_in(sn * b * h, 1.0f), shard_out(shard_in.size());
     std::vector<uint8_t> shard_mask(shard_in.size());
-    DropoutBox shard{b, sn, h, s, h, 0, s0, 0};
+    DropoutBox shard{sn, b, h, h, int64_t(s) * h, s0, 0};
     dropout_forward(shard_out.data(), shard_mask.data(), shard_in.data(), shard, 0.4f, key);
-    for (int i = 0; i < b; i++)
-        for (int t = 0; t < sn; t++)
+    for (int t = 0; t < sn; t++)
+        for (int i = 0; i < b; i++)
             for (int c = 0; c < h; c++)
-                EXPECT_EQ(shard_mask[(i * sn + t) * h + c], whole_mask[(i * s + s0 + t) * h + c]);
+                EXPECT_EQ(shard_mask[(t * b + i) * h + c], whole_mask[(i * s + s0 + t) * h + c]);
 }
 
 TEST(Dropout, KeepRateIsWithinThreeSigmaOfOneMinusP) {

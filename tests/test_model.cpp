@@ -86,8 +86,15 @@ TEST(ModelVsTorch, LossLogitsAndEveryGradient) {
     model.zero_grad();
     float loss = model.forward(ref.inputs.data(), ref.targets.data(), {});
     EXPECT_NEAR(loss, ref.loss, 1e-5 * ref.loss);
-    EXPECT_LT(relative_error(model.outside.logits, ref.logits.data(), int64_t(ref.logits.size())), 1e-5);
-    model.backward(ref.inputs.data(), ref.targets.data(), 1.0f / N);
+    // tpsp's logits are sequence-major [T, B, Vp], PyTorch's [B, T, Vp]
+    const int Vp = ref.config.padded_vocab_size;
+    std::vector<float> logits(ref.logits.size());
+    for (int b = 0; b < ref.B; b++)
+        for (int t = 0; t < ref.T; t++)
+            std::memcpy(&logits[(size_t(b) * ref.T + t) * Vp], model.outside.logits + (size_t(t) * ref.B + b) * Vp,
+                        sizeof(float) * Vp);
+    EXPECT_LT(relative_error(logits.data(), ref.logits.data(), int64_t(ref.logits.size())), 1e-5);
+    model.backward(ref.inputs.data(), 1.0f / N);
     int64_t at = 0;
     for (const TensorSpec& t : model.parameter_specs) {
         double err = relative_error(model.grads.wte + at, ref.grads.data() + at, t.elements());
@@ -108,7 +115,7 @@ TEST(ModelVsTorch, TenAdamWSteps) {
         model.zero_grad();
         float loss = model.forward(ref.inputs.data(), ref.targets.data(), {});
         EXPECT_NEAR(loss, ref.step_losses[step], 1e-4 * ref.step_losses[step]) << "step " << step;
-        model.backward(ref.inputs.data(), ref.targets.data(), 1.0f / N);
+        model.backward(ref.inputs.data(), 1.0f / N);
         opt.update(model, float(ref.lr), 1.0f, step + 1);
     }
 }
@@ -150,7 +157,7 @@ TEST(Model, BackwardWithDropoutMatchesFiniteDifferencesWithMasksHeldFixed) {
     DropoutStep draw{11, 3, 0};  // the same draw every time: the masks stay fixed
     model.zero_grad();
     model.forward(inputs, targets, draw);
-    model.backward(inputs, targets, 1.0f / N);
+    model.backward(inputs, 1.0f / N);
     std::vector<float> analytic(model.grads.wte, model.grads.wte + model.num_parameters);
     auto loss = [&] { return double(model.forward(inputs, targets, draw)); };
     int64_t at = 0;
@@ -196,8 +203,8 @@ TEST(Memory, ArenaEqualsTheFormulaExactly) {
         c.vocab_size = 50, c.padded_vocab_size = 64;
         RunShape shape{k.b, k.s, 0.1f};
         GPT model(c, shape);
-        int64_t per_block = block_activation_formula_bytes(k.b, k.s, k.h, k.a, 4);
-        MemoryReport report = memory_report(c, shape, 1);
+        int64_t per_block = block_activation_formula_bytes(k.b, k.s, k.h, k.a, 4, 1, true);
+        MemoryReport report = memory_report(c, shape, {}, 1);
         EXPECT_EQ(report.block_bytes, per_block);
         // the arena holds L blocks of exactly that, plus the tensors outside the blocks
         int64_t outside = int64_t(k.b) * k.s * (k.h * (1 + 4 + 4) + 4 * c.padded_vocab_size + 8);
@@ -223,7 +230,7 @@ TEST(Memory, NothingOutsideTheTableIsKeptAcrossForwardAndBackward) {
             float* w = static_cast<float*>(model.workspace_arena.data());
             for (size_t i = 0; i < model.workspace_arena.bytes() / 4; i++) w[i] = std::numeric_limits<float>::quiet_NaN();
         }
-        model.backward(tokens.data(), tokens.data() + 1, 1.0f / N);
+        model.backward(tokens.data(), 1.0f / N);
         (poison ? poisoned : clean).assign(model.grads.wte, model.grads.wte + model.num_parameters);
     }
     EXPECT_EQ(clean, poisoned);

@@ -33,14 +33,6 @@ void AdamW::update(GPT& model, float lr, float grad_scale, int64_t step) {
     }
 }
 
-float gradient_norm(const GPT& model) {
-    const float* g = model.grads.wte;
-    double sum = 0.0;
-#pragma omp parallel for reduction(+ : sum)
-    for (int64_t i = 0; i < model.num_parameters; i++) sum += double(g[i]) * g[i];
-    return float(std::sqrt(sum));
-}
-
 float LrSchedule::at(int step) const {
     if (step < warmup_steps) return lr * float(step + 1) / float(warmup_steps);
     if (!cosine) return lr;

@@ -30,9 +30,6 @@ private:
     AdamWSettings settings_;
 };
 
-// sqrt(Σ grad²) over every parameter gradient.
-float gradient_norm(const GPT& model);
-
 struct LrSchedule {
     float lr, min_lr_ratio;
     int warmup_steps, total_steps;

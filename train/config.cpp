@@ -184,9 +184,16 @@ void validate(const Config& c, const std::string& where) {
     if (c.model.vocab_size > 65536) fail("model.vocab_size", "token shards hold uint16 tokens: at most 65536");
     if (c.model.max_seq_len != 0 && c.model.max_seq_len < c.train.seq_len)
         fail("model.max_seq_len", "must be ≥ train.seq_len = " + std::to_string(c.train.seq_len));
-    if (c.parallel.tp != 1) fail("parallel.tp", "only 1 is implemented so far (tensor parallelism is the next issue)");
-    if (c.checkpoint.every > 0 && c.checkpoint.dir.empty())
-        fail("checkpoint.every", "needs checkpoint.dir: where to save");
+    const int t = c.parallel.tp;
+    const int padded = c.model.padded_vocab_size ? c.model.padded_vocab_size : (c.model.vocab_size + 127) / 128 * 128;
+    auto must_divide = [&](const std::string& what, int value) {
+        if (value % t != 0)
+            fail("parallel.tp", std::to_string(t) + " does not divide " + what + " = " + std::to_string(value));
+    };
+    must_divide("model.heads", c.model.heads);
+    must_divide("model.channels", c.model.channels);
+    must_divide("the padded vocabulary (model.padded_vocab_size)", padded);
+    if (c.parallel.sequence_parallel) must_divide("train.seq_len (sequence parallelism shards it)", c.train.seq_len);
     if (!c.checkpoint.init.empty() && !c.checkpoint.resume.empty())
         fail("checkpoint.init", "give checkpoint.init or checkpoint.resume, not both");
 }

@@ -6,6 +6,7 @@
 //   tpsp bench   CONFIG.yaml [section.key=value ...] [--steps N]
 //   tpsp prepare --tokenizer byte INPUT.txt OUT_DIR [--val-fraction F]
 //   tpsp config-reference
+#include <mpi.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -64,7 +65,8 @@ static ConfigArgs parse_config_args(int argc, char** argv, int first) {
 static int command_memory(const ConfigArgs& args) {
     Config cfg = load_config(args.path, args.overrides);
     for (const auto& flag : args.flags) throw ConfigError("tpsp memory: unknown option " + flag.first);
-    MemoryReport report = memory_report(cfg.gpt(), cfg.run_shape(), omp_get_max_threads());
+    TensorParallelism tp{cfg.parallel.tp, 0, cfg.parallel.sequence_parallel};
+    MemoryReport report = memory_report(cfg.gpt(), cfg.run_shape(), tp, omp_get_max_threads());
     std::fputs(report.text.c_str(), stdout);
     return report.block_bytes == report.block_formula_bytes ? 0 : 1;
 }
@@ -101,24 +103,27 @@ static int command_prepare(int argc, char** argv) {
     return 0;
 }
 
-// Until tensor parallelism lands, tpsp trains on one rank: under mpirun with
-// more, every rank would train the same model into the same files.
-static int ranks_launched() {
-    for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"})
-        if (const char* value = std::getenv(name)) return std::atoi(value);
-    return 1;
+static int world_rank() {
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    return rank;
 }
 
+// Errors that reach main are the same on every rank (the config, the
+// command line): rank 0 says it, every rank exits 1.
+static int run_command(int argc, char** argv);
+
 int main(int argc, char** argv) {
-    if (int ranks = ranks_launched(); ranks > 1) {
-        const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
-        if (!rank || std::atoi(rank) == 0)
-            std::fprintf(stderr, "tpsp: error: launched on %d ranks; this build runs on one rank "
-                                 "(tensor parallelism across ranks is not implemented yet)\n", ranks);
-        return 1;
-    }
+    MPI_Init(&argc, &argv);
+    int code = run_command(argc, argv);
+    MPI_Finalize();
+    return code;
+}
+
+static int run_command(int argc, char** argv) {
+    const bool lead = world_rank() == 0;
     if (argc < 2 || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "--help")) {
-        std::fputs(usage, argc < 2 ? stderr : stdout);
+        if (lead) std::fputs(usage, argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
     std::string command = argv[1];
@@ -140,14 +145,14 @@ int main(int argc, char** argv) {
             std::fputs(config_reference().c_str(), stdout);
             return 0;
         }
-        std::fprintf(stderr, "tpsp: unknown command '%s'\n%s", command.c_str(), usage);
+        if (lead) std::fprintf(stderr, "tpsp: unknown command '%s'\n%s", command.c_str(), usage);
         return 2;
     } catch (const ConfigError& e) {
-        std::fprintf(stderr, "tpsp: config error: %s\n", e.what());
+        if (lead) std::fprintf(stderr, "tpsp: config error: %s\n", e.what());
     } catch (const FileError& e) {
-        std::fprintf(stderr, "tpsp: error: %s\n", e.what());
+        if (lead) std::fprintf(stderr, "tpsp: error: %s\n", e.what());
     } catch (const std::bad_alloc&) {
-        std::fprintf(stderr, "tpsp: error: out of memory (reduce train.batch_size or the model)\n");
+        if (lead) std::fprintf(stderr, "tpsp: error: out of memory (reduce train.batch_size or the model)\n");
     }
     return 1;
 }

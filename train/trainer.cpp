@@ -1,5 +1,6 @@
 #include "train/trainer.h"
 
+#include <mpi.h>
 #include <omp.h>
 
 #include <chrono>
@@ -9,10 +10,12 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "data/token_shards.h"
 #include "model/checkpoint.h"
+#include "parallel/process_grid.h"
 #include "train/adamw.h"
 #include "train/benchmark.h"
 
@@ -22,7 +25,8 @@ namespace {
 
 // Our side of a checkpoint: what llm.c's model file does not hold.
 // Layout: int64 magic, int64 step, int64 loader position, int64 parameter
-// count, then m and v as fp32.
+// count, then AdamW's m and v as fp32, for the whole model in llm.c's order
+// (like the model file, independent of t).
 constexpr int64_t state_magic = 0x7470737073746174;  // "tpspstat"
 
 std::string step_file(const std::string& dir, const char* stem, int step) {
@@ -31,17 +35,51 @@ std::string step_file(const std::string& dir, const char* stem, int step) {
     return dir + name;
 }
 
-void save_run(const std::string& dir, const GPT& model, const AdamW& opt, int step, int64_t loader_position) {
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    if (ec) throw FileError(dir + ": cannot create checkpoint directory (" + ec.message() + ")");
-    save_checkpoint(model, step_file(dir, "model", step));
-    int64_t n = model.num_parameters;
-    std::vector<char> bytes(32 + size_t(n) * 8);
+// Assembles the whole model's tensor from the shards of one TP group.
+class ShardGatherer {
+public:
+    ShardGatherer(const GPT& model, ProcessGrid& grid)
+        : model_(model), grid_(grid), full_(size_t(full_parameter_count(model.config))),
+          shards_(size_t(model.num_parameters) * grid.tp) {}
+    // Collective over the TP group of dp rank 0; the result is valid on world rank 0.
+    const float* gather(const float* local) {
+        grid_.tp_group.gather(local, shards_.data(), size_t(model_.num_parameters), 0);
+        if (grid_.tp_rank == 0)
+            for (int r = 0; r < grid_.tp; r++)
+                copy_parameter_shards(model_.config, grid_.tp, r, full_.data(),
+                                      shards_.data() + size_t(r) * model_.num_parameters,
+                                      ShardDirection::shard_to_full);
+        return full_.data();
+    }
+
+private:
+    const GPT& model_;
+    ProcessGrid& grid_;
+    std::vector<float> full_, shards_;
+};
+
+void save_run(const std::string& dir, GPT& model, const AdamW& opt, ProcessGrid& grid, ShardGatherer& gatherer,
+              int step, int64_t loader_position) {
+    if (grid.dp_rank != 0) return;  // every DP replica holds the same model
+    const int64_t n = full_parameter_count(model.config);
+    const bool writer = grid.world_rank == 0;
+    if (writer) {
+        std::error_code ec;
+        std::filesystem::create_directories(dir, ec);
+        if (ec) throw FileError(dir + ": cannot create checkpoint directory (" + ec.message() + ")");
+    }
+    const float* params = gatherer.gather(model.params.wte);
+    if (writer) save_checkpoint(model.config, params, step_file(dir, "model", step));
+    std::vector<char> bytes(writer ? 32 + size_t(n) * 8 : 0);
     int64_t head[4] = {state_magic, step, loader_position, n};
-    std::memcpy(bytes.data(), head, 32);
-    std::memcpy(bytes.data() + 32, opt.m.data(), size_t(n) * 4);
-    std::memcpy(bytes.data() + 32 + size_t(n) * 4, opt.v.data(), size_t(n) * 4);
+    const float* m = gatherer.gather(opt.m.data());
+    if (writer) {
+        std::memcpy(bytes.data(), head, 32);
+        std::memcpy(bytes.data() + 32, m, size_t(n) * 4);
+    }
+    const float* v = gatherer.gather(opt.v.data());
+    if (!writer) return;
+    std::memcpy(bytes.data() + 32 + size_t(n) * 4, v, size_t(n) * 4);
     write_file_atomically(step_file(dir, "state", step), bytes.data(), bytes.size());
     std::string latest = std::to_string(step) + "\n";
     write_file_atomically(dir + "/latest", latest.data(), latest.size());  // last: the pair is complete
@@ -58,7 +96,7 @@ Resumed load_run(const std::string& dir, GPT& model, AdamW& opt) {
     if (!(latest >> step) || step < 0) throw FileError(dir + "/latest: missing or unreadable: not a tpsp run directory");
     load_checkpoint(model, step_file(dir, "model", step));
     std::string path = step_file(dir, "state", step);
-    int64_t n = model.num_parameters;
+    const int64_t n = full_parameter_count(model.config);
     std::error_code ec;
     uintmax_t size = std::filesystem::file_size(path, ec);
     if (ec || size != 32 + uintmax_t(n) * 8)
@@ -69,9 +107,13 @@ Resumed load_run(const std::string& dir, GPT& model, AdamW& opt) {
     in.read(reinterpret_cast<char*>(head), 32);
     if (head[0] != state_magic || head[1] != step || head[3] != n)
         throw FileError(path + ": not the optimizer state of step " + std::to_string(step) + " of this model");
-    in.read(reinterpret_cast<char*>(opt.m.data()), n * 4);
-    in.read(reinterpret_cast<char*>(opt.v.data()), n * 4);
-    if (!in) throw FileError(path + ": optimizer state is truncated");
+    std::vector<float> full(static_cast<size_t>(n));
+    for (std::vector<float>* moment : {&opt.m, &opt.v}) {
+        in.read(reinterpret_cast<char*>(full.data()), n * 4);
+        if (!in) throw FileError(path + ": optimizer state is truncated");
+        copy_parameter_shards(model.config, model.tp.size, model.tp.rank, full.data(), moment->data(),
+                              ShardDirection::full_to_shard);
+    }
     return {step, head[2]};
 }
 
@@ -79,14 +121,44 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-float validation_loss(GPT& model, TokenLoader& loader, int batches, int* inputs, int* targets) {
+// Mean loss over `batches` validation batches of every DP rank.
+float validation_loss(GPT& model, TokenLoader& loader, ProcessGrid& grid, int batches, int* inputs, int* targets) {
     loader.reset();
     double sum = 0.0;
     for (int i = 0; i < batches; i++) {
         loader.next_batch(inputs, targets);
         sum += model.forward(inputs, targets, {}, false);
     }
-    return float(sum / batches);
+    grid.dp_group.all_reduce_sum(&sum, 1);
+    return float(sum / (double(batches) * grid.dp));
+}
+
+// Runs `setup` on every rank; if it failed anywhere, the lowest failing rank
+// prints its one line and every rank returns false together: no rank is left
+// waiting in a collective.
+template <class F>
+bool on_every_rank(F&& setup) {
+    std::string error;
+    try {
+        setup();
+    } catch (const ConfigError& e) {
+        error = std::string("config error: ") + e.what();
+    } catch (const FileError& e) {
+        error = std::string("error: ") + e.what();
+    } catch (const std::bad_alloc&) {
+        error = "error: out of memory (reduce train.batch_size or the model, or raise parallel.tp)";
+    }
+    int rank, size;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    int first_failure = error.empty() ? size : rank;
+    MPI_Allreduce(MPI_IN_PLACE, &first_failure, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (first_failure == size) return true;
+    if (rank == first_failure) {
+        if (size > 1) std::fprintf(stderr, "tpsp: rank %d: %s\n", rank, error.c_str());
+        else std::fprintf(stderr, "tpsp: %s\n", error.c_str());
+    }
+    return false;
 }
 
 }  // namespace
@@ -97,47 +169,73 @@ int train(const Config& cfg) {
     const RunShape shape = cfg.run_shape();
     const int B = shape.batch, T = shape.seq_len;
 
-    // Everything that can fail on user input is opened before the model is allocated.
-    TokenLoader train_loader(cfg.data.train, B, T, 0, 1);
-    std::unique_ptr<TokenLoader> val_loader;
-    if (!cfg.data.val.empty() && cfg.train.val_every > 0)
-        val_loader = std::make_unique<TokenLoader>(cfg.data.val, B, T, 0, 1);
-    if (!cfg.checkpoint.init.empty()) check_checkpoint_model(cfg.checkpoint.init, gc);
-
-    GPT model(gc, shape);
-    AdamW opt(model, {cfg.train.beta1, cfg.train.beta2, cfg.train.eps, cfg.train.weight_decay, cfg.train.decay_all});
-    int start_step = 0;
-    if (!cfg.checkpoint.resume.empty()) {
-        Resumed r = load_run(cfg.checkpoint.resume, model, opt);
-        start_step = r.step;
-        train_loader.seek(r.loader_position);
-        std::printf("resumed %s at step %d\n", cfg.checkpoint.resume.c_str(), start_step);
-    } else if (!cfg.checkpoint.init.empty()) {
-        load_checkpoint(model, cfg.checkpoint.init);
-        std::printf("initialised from %s\n", cfg.checkpoint.init.c_str());
-    } else {
-        model.init_random(cfg.train.seed);
-    }
-
+    // Everything that can fail on user input happens here, on every rank,
+    // before the first step.
+    ProcessGrid grid;
+    std::unique_ptr<TokenLoader> train_loader, val_loader;
+    std::unique_ptr<GPT> model_owner;
+    std::unique_ptr<AdamW> opt_owner;
+    std::unique_ptr<ShardGatherer> gatherer;
     FILE* metrics = nullptr;
-    if (!cfg.logging.metrics.empty()) {
-        std::filesystem::path parent = std::filesystem::path(cfg.logging.metrics).parent_path();
-        std::error_code ec;
-        if (!parent.empty()) std::filesystem::create_directories(parent, ec);
-        metrics = std::fopen(cfg.logging.metrics.c_str(), start_step > 0 ? "a" : "w");
-        if (!metrics) throw FileError(cfg.logging.metrics + ": cannot open metrics file for writing");
-    }
+    int start_step = 0;
+    bool ready = on_every_rank([&] {
+        int world;
+        MPI_Comm_size(MPI_COMM_WORLD, &world);
+        if (world % cfg.parallel.tp != 0)
+            throw ConfigError("parallel.tp: " + std::to_string(cfg.parallel.tp) + " does not divide the " +
+                              std::to_string(world) + " ranks launched");
+        grid = make_process_grid(cfg.parallel.tp);
+        train_loader = std::make_unique<TokenLoader>(cfg.data.train, B, T, grid.dp_rank, grid.dp);
+        if (!cfg.data.val.empty() && cfg.train.val_every > 0)
+            val_loader = std::make_unique<TokenLoader>(cfg.data.val, B, T, grid.dp_rank, grid.dp);
+        if (!cfg.checkpoint.init.empty()) check_checkpoint_model(cfg.checkpoint.init, gc);
+        TensorParallelism tp{grid.tp, grid.tp_rank, cfg.parallel.sequence_parallel};
+        model_owner = std::make_unique<GPT>(gc, shape, tp, &grid.tp_group);
+        opt_owner = std::make_unique<AdamW>(*model_owner, AdamWSettings{cfg.train.beta1, cfg.train.beta2,
+                                                                        cfg.train.eps, cfg.train.weight_decay,
+                                                                        cfg.train.decay_all});
+        if (!cfg.checkpoint.dir.empty()) gatherer = std::make_unique<ShardGatherer>(*model_owner, grid);
+        if (!cfg.checkpoint.resume.empty()) {
+            Resumed r = load_run(cfg.checkpoint.resume, *model_owner, *opt_owner);
+            start_step = r.step;
+            train_loader->seek(r.loader_position);
+        } else if (!cfg.checkpoint.init.empty()) {
+            load_checkpoint(*model_owner, cfg.checkpoint.init);
+        } else {
+            model_owner->init_random(cfg.train.seed);
+        }
+        if (grid.world_rank == 0 && !cfg.logging.metrics.empty()) {
+            std::filesystem::path parent = std::filesystem::path(cfg.logging.metrics).parent_path();
+            std::error_code ec;
+            if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+            metrics = std::fopen(cfg.logging.metrics.c_str(), start_step > 0 ? "a" : "w");
+            if (!metrics) throw FileError(cfg.logging.metrics + ": cannot open metrics file for writing");
+        }
+    });
+    if (!ready) return 1;
+    GPT& model = *model_owner;
+    AdamW& opt = *opt_owner;
+    const bool lead = grid.world_rank == 0;
+
     const LrSchedule schedule{cfg.train.lr, cfg.train.min_lr_ratio, cfg.train.warmup_steps, cfg.train.steps,
                               cfg.train.lr_schedule == "cosine"};
     const double peak_flops = measure_sgemm_flops();
-    const int tokens_per_step = B * T * cfg.train.grad_accum;
-    const double flops_per_step = model_flops_per_token(gc, T) * tokens_per_step;
-    std::printf("model: L=%d a=%d h=%d V=%d (Vp %d) | %.2fM parameters | b=%d s=%d accum=%d | %d threads | "
-                "sgemm peak %.1f GFLOP/s\n",
-                gc.num_layers, gc.num_heads, gc.channels, gc.vocab_size, gc.padded_vocab_size,
-                model.num_parameters / 1e6, B, T, cfg.train.grad_accum, omp_get_max_threads(), peak_flops / 1e9);
-    std::printf("data: %zu train shard(s), %lld batches per epoch\n", train_loader.num_shards(),
-                (long long)train_loader.batches_per_epoch());
+    const int tokens_per_step = B * T * cfg.train.grad_accum * grid.dp;
+    // model FLOPs of one rank's share of the step: the step's over all ranks
+    const double flops_per_step = model_flops_per_token(gc, T) * tokens_per_step / grid.world_size;
+    if (lead) {
+        if (start_step > 0) std::printf("resumed %s at step %d\n", cfg.checkpoint.resume.c_str(), start_step);
+        else if (!cfg.checkpoint.init.empty()) std::printf("initialised from %s\n", cfg.checkpoint.init.c_str());
+        std::printf("model: L=%d a=%d h=%d V=%d (Vp %d) | %.2fM parameters | b=%d s=%d accum=%d | "
+                    "ranks %d = dp %d × tp %d%s | %d threads per rank | sgemm peak %.1f GFLOP/s\n",
+                    gc.num_layers, gc.num_heads, gc.channels, gc.vocab_size, gc.padded_vocab_size,
+                    full_parameter_count(gc) / 1e6, B, T, cfg.train.grad_accum, grid.world_size, grid.dp, grid.tp,
+                    grid.tp > 1 ? (cfg.parallel.sequence_parallel ? " (TP+SP)" : " (TP only)") : "",
+                    omp_get_max_threads(), peak_flops / 1e9);
+        std::printf("data: %zu train shard(s), %lld batches per epoch\n", train_loader->num_shards(),
+                    (long long)train_loader->batches_per_epoch());
+        std::fflush(stdout);
+    }
 
     std::vector<int> inputs(size_t(B) * T), targets(size_t(B) * T);
     const float dloss = 1.0f / float(tokens_per_step);
@@ -145,28 +243,39 @@ int train(const Config& cfg) {
         const bool last = step + 1 == cfg.train.steps;
         auto start = std::chrono::steady_clock::now();
         model.zero_grad();
+        grid.tp_group.bytes = {};
         double loss = 0.0;
         for (int micro = 0; micro < cfg.train.grad_accum; micro++) {
-            train_loader.next_batch(inputs.data(), targets.data());
-            DropoutStep draw{cfg.train.seed, uint32_t(step), int64_t(micro) * B};
+            train_loader->next_batch(inputs.data(), targets.data());
+            DropoutStep draw{cfg.train.seed, uint32_t(step), (int64_t(micro) * grid.dp + grid.dp_rank) * B};
             loss += model.forward(inputs.data(), targets.data(), draw);
-            model.backward(inputs.data(), targets.data(), dloss);
+            model.backward(inputs.data(), dloss);
         }
-        loss /= cfg.train.grad_accum;
-        const float norm = gradient_norm(model);
+        model.reduce_replicated_grads();
+        grid.dp_group.all_reduce_sum(model.grads.wte, size_t(model.num_parameters));
+        grid.dp_group.all_reduce_sum(&loss, 1);
+        loss /= double(cfg.train.grad_accum) * grid.dp;
+        double norm_parts[2];
+        model.grad_square_sums(&norm_parts[0], &norm_parts[1]);
+        grid.tp_group.all_reduce_sum(&norm_parts[0], 1);  // shards add up; replicated tensors count once
+        const float norm = float(std::sqrt(norm_parts[0] + norm_parts[1]));
         const float clip = cfg.train.grad_clip > 0 && norm > cfg.train.grad_clip ? cfg.train.grad_clip / norm : 1.0f;
         const float lr = schedule.at(step);
         opt.update(model, lr, clip, step + 1);
         const double seconds = seconds_since(start);
+        const CollectiveBytes moved = grid.tp_group.bytes;
 
         float val = NAN;
         const int done = step + 1;
         if (val_loader && (done % cfg.train.val_every == 0 || last))
-            val = validation_loss(model, *val_loader, cfg.train.val_batches, inputs.data(), targets.data());
-        if (done % cfg.logging.every == 0 || last || !std::isnan(val)) {
+            val = validation_loss(model, *val_loader, grid, cfg.train.val_batches, inputs.data(), targets.data());
+        if (lead && (done % cfg.logging.every == 0 || last || !std::isnan(val))) {
             std::printf("step %5d/%d | loss %.6f | lr %.3e | grad norm %.4f | %7.1f ms | %8.0f tok/s | MFU %5.1f%%",
                         done, cfg.train.steps, loss, lr, norm, seconds * 1e3, tokens_per_step / seconds,
                         100.0 * flops_per_step / seconds / peak_flops);
+            if (grid.tp > 1)
+                std::printf(" | AG %.1f RS %.1f AR %.1f MB", moved.all_gather / 1e6, moved.reduce_scatter / 1e6,
+                            moved.all_reduce / 1e6);
             if (!std::isnan(val)) std::printf(" | val loss %.4f", val);
             std::printf("\n");
             std::fflush(stdout);
@@ -174,16 +283,18 @@ int train(const Config& cfg) {
         if (metrics) {
             std::fprintf(metrics,
                          "{\"step\": %d, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"ms\": %.3f, "
-                         "\"tokens_per_s\": %.1f, \"mfu\": %.4f",
+                         "\"tokens_per_s\": %.1f, \"mfu\": %.4f, \"all_gather_bytes\": %lld, "
+                         "\"reduce_scatter_bytes\": %lld, \"all_reduce_bytes\": %lld",
                          done, loss, lr, norm, seconds * 1e3, tokens_per_step / seconds,
-                         flops_per_step / seconds / peak_flops);
+                         flops_per_step / seconds / peak_flops, (long long)moved.all_gather,
+                         (long long)moved.reduce_scatter, (long long)moved.all_reduce);
             if (!std::isnan(val)) std::fprintf(metrics, ", \"val_loss\": %.9g", val);
             std::fprintf(metrics, "}\n");
             std::fflush(metrics);
         }
         if (!cfg.checkpoint.dir.empty() && (last || (cfg.checkpoint.every > 0 && done % cfg.checkpoint.every == 0))) {
-            save_run(cfg.checkpoint.dir, model, opt, done, train_loader.position());
-            std::printf("saved %s\n", step_file(cfg.checkpoint.dir, "model", done).c_str());
+            save_run(cfg.checkpoint.dir, model, opt, grid, *gatherer, done, train_loader->position());
+            if (lead) std::printf("saved %s\n", step_file(cfg.checkpoint.dir, "model", done).c_str());
         }
     }
     if (metrics) std::fclose(metrics);
@@ -194,16 +305,19 @@ int evaluate(const Config& cfg) {
     if (cfg.train.threads > 0) omp_set_num_threads(cfg.train.threads);
     if (cfg.checkpoint.init.empty()) throw ConfigError("tpsp eval: checkpoint.init: give the checkpoint to evaluate");
     if (cfg.data.val.empty()) throw ConfigError("tpsp eval: data.val: give the validation shards");
+    if (cfg.parallel.tp != 1) throw ConfigError("tpsp eval: parallel.tp: evaluation runs on one rank");
     const GPTConfig gc = cfg.gpt();
     const RunShape shape = cfg.run_shape();
-    TokenLoader val_loader(cfg.data.val, shape.batch, shape.seq_len, 0, 1);
+    ProcessGrid grid = make_process_grid(1);
+    TokenLoader val_loader(cfg.data.val, shape.batch, shape.seq_len, grid.dp_rank, grid.dp);
     check_checkpoint_model(cfg.checkpoint.init, gc);
     GPT model(gc, shape);
     load_checkpoint(model, cfg.checkpoint.init);
     std::vector<int> inputs(size_t(shape.batch) * shape.seq_len), targets(inputs.size());
-    float val = validation_loss(model, val_loader, cfg.train.val_batches, inputs.data(), targets.data());
-    std::printf("val loss %.9g over %d batches of %d×%d tokens\n", val, cfg.train.val_batches, shape.batch,
-                shape.seq_len);
+    float val = validation_loss(model, val_loader, grid, cfg.train.val_batches, inputs.data(), targets.data());
+    if (grid.world_rank == 0)
+        std::printf("val loss %.9g over %d batches of %d×%d tokens\n", val, cfg.train.val_batches, shape.batch,
+                    shape.seq_len);
     return 0;
 }
 

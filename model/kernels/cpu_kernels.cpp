@@ -58,7 +58,7 @@ static void dropout_row(float* out, uint8_t* mask, const float* inp, int64_t n, 
 
 void dropout_forward(float* out, uint8_t* mask, const float* inp, const DropoutBox& box, float p,
                      const DropoutKey& key) {
-    int64_t rows = box.n0 * box.n1;
+    const int64_t rows = box.n0 * box.n1;
     if (p == 0.0f) {
         std::memset(mask, 1, size_t(rows * box.n2));
         if (out != inp) std::memcpy(out, inp, sizeof(float) * rows * box.n2);
@@ -68,7 +68,7 @@ void dropout_forward(float* out, uint8_t* mask, const float* inp, const DropoutB
 #pragma omp parallel for
     for (int64_t r = 0; r < rows; r++) {
         int64_t i0 = r / box.n1, i1 = r % box.n1;
-        uint64_t g0 = uint64_t(((box.o0 + i0) * box.N1 + box.o1 + i1) * box.N2 + box.o2);
+        uint64_t g0 = uint64_t((box.o0 + i0) * box.stride0 + (box.o1 + i1) * box.stride1);
         int64_t at = r * box.n2;
         dropout_row(out + at, mask + at, inp + at, box.n2, g0, p, scale, key);
     }
@@ -83,34 +83,58 @@ void dropout_backward(float* dinp, const uint8_t* mask, const float* dout, int64
 // ----------------------------------------------------------------------------
 // embedding
 
-void embedding_forward(float* out, const int* inp, const float* wte, const float* wpe, int B, int T, int C) {
+void token_embedding_forward(float* out, const int* inp, const float* wte, int vocab_start, int V_local, int B,
+                             int T, int C) {
 #pragma omp parallel for collapse(2)
-    for (int b = 0; b < B; b++) {
-        for (int t = 0; t < T; t++) {
-            float* o = out + (int64_t(b) * T + t) * C;
-            const float* token = wte + int64_t(inp[b * T + t]) * C;
-            const float* position = wpe + int64_t(t) * C;
-            for (int c = 0; c < C; c++) o[c] = token[c] + position[c];
+    for (int t = 0; t < T; t++) {
+        for (int b = 0; b < B; b++) {
+            float* o = out + (int64_t(t) * B + b) * C;
+            int row = inp[b * T + t] - vocab_start;
+            if (row >= 0 && row < V_local) std::memcpy(o, wte + int64_t(row) * C, sizeof(float) * C);
+            else std::memset(o, 0, sizeof(float) * C);
         }
     }
 }
 
-void embedding_backward(float* dwte, float* dwpe, const float* dout, const int* inp, int B, int T, int C) {
+void token_embedding_backward(float* dwte, const float* dout, const int* inp, int vocab_start, int V_local, int B,
+                              int T, int C) {
     // Threads split the channels, so two tokens with the same id never race.
 #pragma omp parallel
     {
         int threads = omp_get_num_threads(), id = omp_get_thread_num();
         int c0 = int(int64_t(C) * id / threads), c1 = int(int64_t(C) * (id + 1) / threads);
-        for (int b = 0; b < B; b++) {
-            for (int t = 0; t < T; t++) {
-                const float* d = dout + (int64_t(b) * T + t) * C;
-                float* token = dwte + int64_t(inp[b * T + t]) * C;
-                float* position = dwpe + int64_t(t) * C;
-                for (int c = c0; c < c1; c++) {
-                    token[c] += d[c];
-                    position[c] += d[c];
-                }
+        for (int t = 0; t < T; t++) {
+            for (int b = 0; b < B; b++) {
+                int row = inp[b * T + t] - vocab_start;
+                if (row < 0 || row >= V_local) continue;
+                const float* d = dout + (int64_t(t) * B + b) * C;
+                float* token = dwte + int64_t(row) * C;
+                for (int c = c0; c < c1; c++) token[c] += d[c];
             }
+        }
+    }
+}
+
+void position_embedding_forward(float* out, const float* wpe, int pos_start, int T_local, int B, int C) {
+#pragma omp parallel for collapse(2)
+    for (int t = 0; t < T_local; t++) {
+        for (int b = 0; b < B; b++) {
+            float* o = out + (int64_t(t) * B + b) * C;
+            const float* position = wpe + int64_t(pos_start + t) * C;
+#pragma omp simd
+            for (int c = 0; c < C; c++) o[c] += position[c];
+        }
+    }
+}
+
+void position_embedding_backward(float* dwpe, const float* dout, int pos_start, int T_local, int B, int C) {
+#pragma omp parallel for
+    for (int t = 0; t < T_local; t++) {
+        float* position = dwpe + int64_t(pos_start + t) * C;
+        for (int b = 0; b < B; b++) {
+            const float* d = dout + (int64_t(t) * B + b) * C;
+#pragma omp simd
+            for (int c = 0; c < C; c++) position[c] += d[c];
         }
     }
 }
@@ -208,18 +232,7 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C, 0.0f, dinp, C);
     // dweight [OC, C] += dout^T [OC, N] @ inp [N, C]
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
-    if (dbias) {
-#pragma omp parallel
-        {
-            int threads = omp_get_num_threads(), id = omp_get_thread_num();
-            int o0 = int(int64_t(OC) * id / threads), o1 = int(int64_t(OC) * (id + 1) / threads);
-            for (int n = 0; n < N; n++) {
-                const float* d = dout + int64_t(n) * OC;
-#pragma omp simd
-                for (int o = o0; o < o1; o++) dbias[o] += d[o];
-            }
-        }
-    }
+    if (dbias) bias_backward(dbias, dout, N, OC);
 }
 
 // ----------------------------------------------------------------------------
@@ -281,16 +294,17 @@ static void causal_softmax(float* scores, int T) {
 void attention_forward(float* out, float* softmax_out, uint8_t* dropout_mask, float* dropout_out,
                        const float* qkv, int B, int T, int C, int NH, float p, const DropoutBox& box,
                        const DropoutKey& key) {
-    const int hs = C / NH, C3 = 3 * C;
+    const int hs = C / NH, qkv_stride = B * 3 * C, out_stride = B * C;  // row strides of one sequence
     const float scale = 1.0f / std::sqrt(float(hs));
     // S' = causal softmax(Q K^T · scale)
 #pragma omp parallel for collapse(2)
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < NH; h++) {
-            const float* q = qkv + int64_t(b) * T * C3 + h * hs;  // [T, hs], row stride 3C
+            const float* q = qkv + int64_t(b) * 3 * C + h * hs;  // [T, hs], row stride B·3C
             const float* k = q + C;
             float* scores = softmax_out + (int64_t(b) * NH + h) * T * T;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, q, C3, k, C3, 0.0f, scores, T);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, q, qkv_stride, k, qkv_stride,
+                        0.0f, scores, T);
             causal_softmax(scores, T);
         }
     }
@@ -300,10 +314,11 @@ void attention_forward(float* out, float* softmax_out, uint8_t* dropout_mask, fl
 #pragma omp parallel for collapse(2)
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < NH; h++) {
-            const float* v = qkv + int64_t(b) * T * C3 + 2 * C + h * hs;
+            const float* v = qkv + int64_t(b) * 3 * C + 2 * C + h * hs;
             const float* s = dropout_out + (int64_t(b) * NH + h) * T * T;
-            float* o = out + int64_t(b) * T * C + h * hs;  // [T, hs], row stride C
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, s, T, v, C3, 0.0f, o, C);
+            float* o = out + int64_t(b) * C + h * hs;  // [T, hs], row stride B·C
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, s, T, v, qkv_stride, 0.0f, o,
+                        out_stride);
         }
     }
 }
@@ -311,27 +326,29 @@ void attention_forward(float* out, float* softmax_out, uint8_t* dropout_mask, fl
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* softmax_out,
                         const uint8_t* dropout_mask, const float* dropout_out, float* scratch, int B, int T,
                         int C, int NH, float p) {
-    const int hs = C / NH, C3 = 3 * C;
+    const int hs = C / NH, qkv_stride = B * 3 * C, out_stride = B * C;
     const float scale = 1.0f / std::sqrt(float(hs));
     // (b, h) pairs in parallel: each owns its columns of dqkv.
 #pragma omp parallel for collapse(2)
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < NH; h++) {
             int64_t pair = int64_t(b) * NH + h;
-            const float* q = qkv + int64_t(b) * T * C3 + h * hs;
+            const float* q = qkv + int64_t(b) * 3 * C + h * hs;
             const float* k = q + C;
             const float* v = q + 2 * C;
-            float* dq = dqkv + int64_t(b) * T * C3 + h * hs;
+            float* dq = dqkv + int64_t(b) * 3 * C + h * hs;
             float* dk = dq + C;
             float* dv = dq + 2 * C;
-            const float* d = dout + int64_t(b) * T * C + h * hs;
+            const float* d = dout + int64_t(b) * C + h * hs;
             const float* sp = softmax_out + pair * T * T;  // S'
             const float* s = dropout_out + pair * T * T;   // S
             const uint8_t* mask = dropout_mask + pair * T * T;
             float* ds = scratch + int64_t(omp_get_thread_num()) * T * T;
             // dV = S^T dO, dS = dO V^T
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, s, T, d, C, 0.0f, dv, C3);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, d, C, v, C3, 0.0f, ds, T);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, s, T, d, out_stride, 0.0f, dv,
+                        qkv_stride);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, d, out_stride, v, qkv_stride, 0.0f,
+                        ds, T);
             // dS' = dropout backward of dS (the mask only); then softmax backward
             // from its output: dD = S' ∘ (dS' − Σ_row S' ∘ dS'), times the score scale
             dropout_backward(ds, mask, ds, int64_t(T) * T, p);
@@ -345,8 +362,10 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
                 for (int t2 = 0; t2 < T; t2++) row[t2] = sp_row[t2] * (row[t2] - weighted) * scale;
             }
             // dQ = dD K, dK = dD^T Q
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, ds, T, k, C3, 0.0f, dq, C3);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, ds, T, q, C3, 0.0f, dk, C3);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, ds, T, k, qkv_stride, 0.0f, dq,
+                        qkv_stride);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, ds, T, q, qkv_stride, 0.0f, dk,
+                        qkv_stride);
         }
     }
 }
@@ -354,32 +373,70 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
 // ----------------------------------------------------------------------------
 // fused softmax + cross-entropy
 
-void crossentropy_forward(float* losses, float* lse, const float* logits, const int* targets, int N, int V,
-                          int Vp) {
+void crossentropy_max_forward(float* maxes, const float* logits, int N, int V_real, int Vp_local) {
 #pragma omp parallel for
     for (int n = 0; n < N; n++) {
-        const float* row = logits + int64_t(n) * Vp;
-        float maxval = -INFINITY;
+        const float* row = logits + int64_t(n) * Vp_local;
+        float maxval = -INFINITY;  // a rank with no real column contributes −inf
 #pragma omp simd reduction(max : maxval)
-        for (int v = 0; v < V; v++) maxval = std::max(maxval, row[v]);
-        float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (int v = 0; v < V; v++) sum += vector_exp(row[v] - maxval);
-        lse[n] = maxval + std::log(sum);
-        losses[n] = lse[n] - row[targets[n]];
+        for (int v = 0; v < V_real; v++) maxval = std::max(maxval, row[v]);
+        maxes[n] = maxval;
     }
 }
 
-void crossentropy_backward(float* logits, const float* lse, const int* targets, float dloss, int N, int V,
-                           int Vp) {
+void crossentropy_sum_forward(float* stats, const float* logits, const float* maxes, const int* targets,
+                              int vocab_start, int N, int V_real, int Vp_local) {
+    float* sums = stats;
+    float* target_logits = stats + N;
 #pragma omp parallel for
     for (int n = 0; n < N; n++) {
-        float* row = logits + int64_t(n) * Vp;
-        float l = lse[n];
+        const float* row = logits + int64_t(n) * Vp_local;
+        const float maxval = maxes[n];
+        float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+        for (int v = 0; v < V_real; v++) sum += vector_exp(row[v] - maxval);
+        sums[n] = sum;
+        int column = targets[n] - vocab_start;
+        target_logits[n] = column >= 0 && column < V_real ? row[column] : 0.0f;
+    }
+}
+
+void crossentropy_backward(float* logits, const float* lse, const int* targets, int vocab_start, float dloss,
+                           int N, int V_real, int Vp_local) {
+#pragma omp parallel for
+    for (int n = 0; n < N; n++) {
+        float* row = logits + int64_t(n) * Vp_local;
+        const float l = lse[n];
 #pragma omp simd
-        for (int v = 0; v < V; v++) row[v] = dloss * vector_exp(row[v] - l);
-        row[targets[n]] -= dloss;
-        for (int v = V; v < Vp; v++) row[v] = 0.0f;
+        for (int v = 0; v < V_real; v++) row[v] = dloss * vector_exp(row[v] - l);
+        int column = targets[n] - vocab_start;
+        if (column >= 0 && column < V_real) row[column] -= dloss;
+        for (int v = V_real; v < Vp_local; v++) row[v] = 0.0f;
+    }
+}
+
+// ----------------------------------------------------------------------------
+// bias
+
+void bias_forward(float* out, const float* bias, int N, int OC) {
+#pragma omp parallel for
+    for (int n = 0; n < N; n++) {
+        float* o = out + int64_t(n) * OC;
+#pragma omp simd
+        for (int c = 0; c < OC; c++) o[c] += bias[c];
+    }
+}
+
+void bias_backward(float* dbias, const float* dout, int N, int OC) {
+#pragma omp parallel
+    {
+        int threads = omp_get_num_threads(), id = omp_get_thread_num();
+        int o0 = int(int64_t(OC) * id / threads), o1 = int(int64_t(OC) * (id + 1) / threads);
+        for (int n = 0; n < N; n++) {
+            const float* d = dout + int64_t(n) * OC;
+#pragma omp simd
+            for (int o = o0; o < o1; o++) dbias[o] += d[o];
+        }
     }
 }
 

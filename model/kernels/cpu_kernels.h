@@ -15,13 +15,14 @@ namespace tpsp {
 
 // Where a dropout mask element lives in the global (un-sharded) tensor, so
 // that its random bits do not depend on which rank holds it (DESIGN §3).
-// The local tensor is a box [n0, n1, n2] at offset (o0, o1, o2) inside a
-// global tensor [*, N1, N2]; its element (i0, i1, i2) has the global index
-// ((o0 + i0) * N1 + o1 + i1) * N2 + o2 + i2.
+// The local tensor is [n0, n1, n2], contiguous; its element (i0, i1, i2) has
+// the global index (o0 + i0)·stride0 + (o1 + i1)·stride1 + i2. A sequence
+// shard [s/t, b, h] of an activation whose global index runs over [B, S, h]
+// is {s/t, b, h, stride0 = h, stride1 = S·h, o0 = first position, o1 = first sequence}.
 struct DropoutBox {
     int64_t n0, n1, n2;        // local extent
-    int64_t N1, N2;            // global extent of the two inner dimensions
-    int64_t o0 = 0, o1 = 0, o2 = 0;  // offset of the box in the global tensor
+    int64_t stride0, stride1;  // global index step of i0 and of i1 (i2 steps by 1)
+    int64_t o0 = 0, o1 = 0;    // offset of the box along dimensions 0 and 1
 };
 
 // Which draw this is: one stream per (seed, step, layer, site).
@@ -36,10 +37,22 @@ struct DropoutKey {
 // The random uniform in [0,1) of one global element; exposed for tests.
 float dropout_uniform(const DropoutKey& key, uint64_t global_index);
 
-// out [B, T, C] = wte[inp] + wpe[t];  inp [B, T] token ids
-void embedding_forward(float* out, const int* inp, const float* wte, const float* wpe, int B, int T, int C);
-// dwte, dwpe accumulate;  dout [B, T, C]
-void embedding_backward(float* dwte, float* dwpe, const float* dout, const int* inp, int B, int T, int C);
+// Activations are sequence-major, [T, B, C] (Megatron's [s, b, h]): a
+// sequence shard is then a contiguous block of rows.
+//
+// Token embedding, vocabulary-parallel: this rank holds the rows
+// [vocab_start, vocab_start + V_local) of wte. out [T, B, C] = wte[inp] for
+// tokens in that range, 0 for the others (the other ranks supply them).
+// inp [B, T] token ids, in the data's order.
+void token_embedding_forward(float* out, const int* inp, const float* wte, int vocab_start, int V_local, int B,
+                             int T, int C);
+// dwte [V_local, C] accumulates;  dout [T, B, C]
+void token_embedding_backward(float* dwte, const float* dout, const int* inp, int vocab_start, int V_local, int B,
+                              int T, int C);
+// out [T_local, B, C] += wpe[pos_start + t]: the positions of a sequence shard.
+void position_embedding_forward(float* out, const float* wpe, int pos_start, int T_local, int B, int C);
+// dwpe accumulates;  dout [T_local, B, C]
+void position_embedding_backward(float* dwpe, const float* dout, int pos_start, int T_local, int B, int C);
 
 // out [N, C] = (inp - mean) * rstd * weight + bias, per row. Mean and rstd
 // are not kept: backward recomputes them from inp.
@@ -71,27 +84,40 @@ void dropout_backward(float* dinp, const uint8_t* mask, const float* dout, int64
 // model passes the same gradient buffer on, so no kernel is needed.
 void residual_forward(float* out, const float* inp1, const float* inp2, int64_t N);
 
-// Causal self-attention of NH heads on qkv [B, T, 3C] (Q | K | V, head h in
+// Causal self-attention of NH heads on qkv [T, B, 3C] (Q | K | V, head h in
 // columns h*hs .. (h+1)*hs of each third). Saves, for backward:
 //   softmax_out [B, NH, T, T]  S' = softmax(Q K^T / sqrt(hs)), zero above the diagonal
 //   dropout_mask [B, NH, T, T], dropout_out [B, NH, T, T]  S = dropout(S')
-// and writes out [B, T, C] = S V. `box` places [B, NH, T*T] in the global tensor.
+// and writes out [T, B, C] = S V. `box` places [B, NH, T*T] in the global tensor.
 void attention_forward(float* out, float* softmax_out, uint8_t* dropout_mask, float* dropout_out,
                        const float* qkv, int B, int T, int C, int NH, float p, const DropoutBox& box,
                        const DropoutKey& key);
-// dqkv [B, T, 3C] OVERWRITTEN; scratch [T, T] per OpenMP thread.
+// dqkv [T, B, 3C] OVERWRITTEN; scratch [T, T] per OpenMP thread.
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* softmax_out,
                         const uint8_t* dropout_mask, const float* dropout_out, float* scratch, int B, int T,
                         int C, int NH, float p);
 
-// Fused softmax + cross-entropy over the first V of Vp logits per row.
-// logits [N, Vp]; losses [N] = logsumexp - logit[target]; lse [N] kept for
-// backward (the per-token statistics).
-void crossentropy_forward(float* losses, float* lse, const float* logits, const int* targets, int N, int V,
-                          int Vp);
-// Overwrites logits [N, Vp] with dloss * (softmax - onehot(target)), zero in
-// the padded columns.
-void crossentropy_backward(float* logits, const float* lse, const int* targets, float dloss, int N, int V,
-                           int Vp);
+// Softmax + cross-entropy, vocabulary-parallel. This rank holds the logit
+// columns [vocab_start, vocab_start + Vp_local) of each row, of which the
+// first V_real are real tokens (the rest is padding). The rows' statistics
+// combine over ranks in between the two forward kernels:
+//   1. crossentropy_max_forward: maxes [N] = the local max           -> all-reduce max
+//   2. crossentropy_sum_forward: stats [2, N] = Σ exp(logit − max) and the
+//      target's logit where this rank holds it (0 elsewhere)        -> all-reduce sum
+//   then lse = max + log Σ and loss = lse − target logit.
+// logits [N, Vp_local]; targets [N] in row order.
+void crossentropy_max_forward(float* maxes, const float* logits, int N, int V_real, int Vp_local);
+void crossentropy_sum_forward(float* stats, const float* logits, const float* maxes, const int* targets,
+                              int vocab_start, int N, int V_real, int Vp_local);
+// Overwrites logits [N, Vp_local] with dloss · (softmax − onehot(target)),
+// zero in the padded columns. lse [N] from the forward.
+void crossentropy_backward(float* logits, const float* lse, const int* targets, int vocab_start, float dloss,
+                           int N, int V_real, int Vp_local);
+
+// out [N, OC] += bias [OC] per row  (the row-parallel linears add their bias
+// once, after the reduce-scatter)
+void bias_forward(float* out, const float* bias, int N, int OC);
+// dbias [OC] += Σ_rows dout [N, OC]
+void bias_backward(float* dbias, const float* dout, int N, int OC);
 
 }  // namespace tpsp
