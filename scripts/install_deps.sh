@@ -3,7 +3,7 @@
 # Does nothing when they are all present already.
 set -euo pipefail
 packages=(build-essential cmake ninja-build libopenblas-openmp-dev libyaml-cpp-dev libgtest-dev
-          libopenmpi-dev openmpi-bin bible-kjv)
+          libopenmpi-dev openmpi-bin bible-kjv time)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -3,6 +3,7 @@
 // ending in one clear line and no file left behind.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -147,6 +148,156 @@ TEST(Trainer, RunsUnderMpirunOnOneRank) {
     Outcome r = run(mpirun + tiny_train(dir, "train.steps=3 train.val_every=0"), dir);
     EXPECT_EQ(r.exit_code, 0) << r.err;
     EXPECT_EQ(field(dir / "metrics.jsonl", "loss").size(), 3u);
+}
+
+// ----------------------------------------------------------------------------
+// tensor parallelism end to end, under mpirun
+
+namespace {
+
+fs::path write_file(const fs::path& path, const std::string& text);
+
+bool have_mpirun() { return std::system("command -v mpirun > /dev/null 2>&1") == 0; }
+
+const std::string mpi_env = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_pml=ob1 ";
+
+std::string mpirun(int ranks) { return mpi_env + "mpirun --oversubscribe -np " + std::to_string(ranks) + " "; }
+
+// A shortened tiny config: 20 steps of 8 sequences of 64 bytes, dropout 0.1.
+const std::string short_run =
+    "train.steps=20 train.warmup_steps=5 train.batch_size=8 train.seq_len=64 model.dropout=0.1 train.val_every=0 "
+    "train.threads=1 ";
+
+}  // namespace
+
+TEST(TensorParallelTraining, LossesOfTwoAndFourRanksEqualOneRank) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not installed";
+    fs::path root = scratch_dir();
+    auto losses = [&](int t, bool sp) {
+        fs::path dir = root / ("t" + std::to_string(t) + (sp ? "sp" : "tp"));
+        fs::create_directories(dir);
+        std::string args = short_run + "parallel.tp=" + std::to_string(t) +
+                           " parallel.sequence_parallel=" + (sp ? "true" : "false");
+        Outcome r = run(mpirun(t) + tiny_train(dir, args), dir);
+        EXPECT_EQ(r.exit_code, 0) << r.err;
+        return field(dir / "metrics.jsonl", "loss");
+    };
+    std::vector<std::string> one = losses(1, true);
+    ASSERT_EQ(one.size(), 20u);
+    for (int t : {2, 4}) {
+        for (bool sp : {true, false}) {
+            SCOPED_TRACE("t=" + std::to_string(t) + (sp ? " TP+SP" : " TP only"));
+            std::vector<std::string> split = losses(t, sp);
+            ASSERT_EQ(split.size(), 20u);
+            EXPECT_NEAR(std::stod(split[0]), std::stod(one[0]), 1e-6 * std::stod(one[0])) << "first step";
+            for (int i = 0; i < 20; i++)
+                EXPECT_NEAR(std::stod(split[i]), std::stod(one[i]), 1e-4 * std::stod(one[i])) << "step " << i + 1;
+        }
+    }
+}
+
+TEST(TensorParallelTraining, CollectiveBytesAreWhatTheLayoutImplies) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not installed";
+    fs::path root = scratch_dir();
+    // per step, in units of one [s, b, h] tensor (8·64·128 floats): with SP each block
+    // all-gathers 2 (forward) + 2 (ḡ backward) + 2 (re-gather for wgrad) and
+    // reduce-scatters 2 + 2; the embedding adds RS + AG, the LM head AG + AG + RS.
+    // Without SP each block all-reduces 2 + 2, the embedding and the LM head one each.
+    const int64_t unit = int64_t(8) * 64 * 128 * 4, L = 4;
+    for (bool sp : {true, false}) {
+        fs::path dir = root / (sp ? "sp" : "tp");
+        fs::create_directories(dir);
+        std::string args = short_run + "train.steps=2 parallel.tp=2 parallel.sequence_parallel=" + (sp ? "true" : "false");
+        ASSERT_EQ(run(mpirun(2) + tiny_train(dir, args), dir).exit_code, 0);
+        int64_t ag = std::stoll(field(dir / "metrics.jsonl", "all_gather_bytes")[0]);
+        int64_t rs = std::stoll(field(dir / "metrics.jsonl", "reduce_scatter_bytes")[0]);
+        int64_t ar = std::stoll(field(dir / "metrics.jsonl", "all_reduce_bytes")[0]);
+        if (sp) {
+            EXPECT_EQ(ag, (6 * L + 3) * unit);
+            EXPECT_EQ(rs, (4 * L + 2) * unit);
+            EXPECT_LT(ar, unit) << "only the cross-entropy statistics and the replicated gradients";
+        } else {
+            EXPECT_EQ(ag, 0);
+            EXPECT_EQ(rs, 0);
+            EXPECT_GE(ar, (4 * L + 2) * unit);
+            EXPECT_LT(ar, (4 * L + 3) * unit);
+        }
+    }
+}
+
+TEST(TensorParallelTraining, TwoDataParallelTimesTwoTensorParallelEqualsOneRankWithTwiceTheBatch) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not installed";
+    fs::path root = scratch_dir(), one = root / "one", four = root / "four";
+    fs::create_directories(one);
+    fs::create_directories(four);
+    ASSERT_EQ(run(mpirun(1) + tiny_train(one, short_run + "train.steps=10 train.batch_size=16"), one).exit_code, 0);
+    ASSERT_EQ(run(mpirun(4) + tiny_train(four, short_run + "train.steps=10 parallel.tp=2"), four).exit_code, 0);
+    std::vector<std::string> a = field(one / "metrics.jsonl", "loss"), b = field(four / "metrics.jsonl", "loss");
+    ASSERT_EQ(a.size(), 10u);
+    ASSERT_EQ(b.size(), 10u);
+    for (int i = 0; i < 10; i++) EXPECT_NEAR(std::stod(b[i]), std::stod(a[i]), 1e-4 * std::stod(a[i])) << "step " << i + 1;
+}
+
+TEST(TensorParallelTraining, ACheckpointSavedAtTwoRanksResumesAtOneAndFour) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not installed";
+    fs::path root = scratch_dir(), whole = root / "whole";
+    fs::create_directories(whole);
+    const std::string args = short_run + "checkpoint.every=10 parallel.tp=2";
+    ASSERT_EQ(run(mpirun(2) + tiny_train(whole, args), whole).exit_code, 0);
+    std::vector<std::string> reference = field(whole / "metrics.jsonl", "loss");
+    ASSERT_EQ(reference.size(), 20u);
+    for (int t : {1, 4}) {
+        SCOPED_TRACE("resumed at t=" + std::to_string(t));
+        fs::path cut = root / ("t" + std::to_string(t));
+        fs::create_directories(cut);
+        fs::copy(whole / "ckpt", cut / "ckpt");
+        std::ofstream(cut / "ckpt" / "latest") << "10\n";
+        std::string resume = short_run + "checkpoint.every=10 parallel.tp=" + std::to_string(t) +
+                             " checkpoint.resume=" + (cut / "ckpt").string();
+        Outcome r = run(mpirun(t) + tiny_train(cut, resume), cut);
+        ASSERT_EQ(r.exit_code, 0) << r.err;
+        std::vector<std::string> tail = field(cut / "metrics.jsonl", "loss");
+        ASSERT_EQ(tail.size(), 10u);
+        for (int i = 0; i < 10; i++)
+            EXPECT_NEAR(std::stod(tail[i]), std::stod(reference[10 + i]), 1e-4 * std::stod(reference[10 + i]))
+                << "step " << 11 + i;
+    }
+}
+
+TEST(TensorParallelTraining, AKilledRankEndsTheRunInsteadOfHanging) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not installed";
+    fs::path dir = scratch_dir();
+    // rank 1 is killed mid-run: the other must not wait for it forever
+    fs::path wrapper = write_file(dir / "kill_rank_1.sh",
+                                  "#!/bin/bash\n"
+                                  "if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then (sleep 3; kill -9 $$) & fi\n"
+                                  "exec \"$@\"\n");
+    fs::permissions(wrapper, fs::perms::owner_all);
+    std::string command = mpi_env + "timeout 60 mpirun --oversubscribe -np 2 " + wrapper.string() + " " +
+                          tiny_train(dir, short_run + "train.steps=100000 parallel.tp=2");
+    auto start = std::chrono::steady_clock::now();
+    Outcome r = run(command, dir);
+    double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.exit_code, 124) << "the run hung until timeout killed it";
+    EXPECT_LT(seconds, 33.0);
+    EXPECT_GE(field(dir / "metrics.jsonl", "loss").size(), 1u) << "the run never started: " << r.err;
+}
+
+TEST(TensorParallelTraining, ALayoutThatDoesNotFitIsOneLineFromRankZero) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not installed";
+    fs::path dir = scratch_dir();
+    Outcome r = run(mpirun(2) + tiny_train(dir, short_run + "parallel.tp=4"), dir);
+    EXPECT_NE(r.exit_code, 0);
+    std::string own;  // tpsp's lines, not mpirun's own summary
+    std::istringstream lines(r.err);
+    for (std::string line; std::getline(lines, line);)
+        if (line.rfind("tpsp:", 0) == 0) own += line + "\n";
+    EXPECT_EQ(count_lines(own), 1) << r.err;
+    EXPECT_NE(own.find("parallel.tp: 4 does not divide the 2 ranks launched"), std::string::npos) << r.err;
+    r = run(mpirun(2) + tiny_train(dir, short_run + "parallel.tp=2 model.heads=3 model.channels=96"), dir);
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.err.find("parallel.tp: 2 does not divide model.heads = 3"), std::string::npos) << r.err;
 }
 
 // ----------------------------------------------------------------------------

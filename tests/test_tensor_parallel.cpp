@@ -1,0 +1,139 @@
+// Under mpirun with 4 ranks (ctest launches it): the model split over TP
+// groups of 2 and 4, with sequence parallelism and without, against the
+// single-rank model on every rank — loss, every parameter gradient (the
+// shards gathered), the dropout masks, and the arena against the formula.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "model/gpt.h"
+#include "parallel/communicator.h"
+
+using namespace tpsp;
+
+namespace {
+
+GPTConfig tiny_config() {
+    GPTConfig c;
+    c.max_seq_len = 16;
+    c.vocab_size = 61;
+    c.padded_vocab_size = 64;
+    c.num_layers = 2;
+    c.num_heads = 4;
+    c.channels = 32;
+    return c;
+}
+
+const RunShape shape{3, 16, 0.1f};
+
+std::vector<int> tokens_for(int n) {
+    std::vector<int> t(size_t(n) + 1);
+    uint32_t state = 99;
+    for (int& x : t) {
+        state = state * 1664525u + 1013904223u;
+        x = int(state >> 8) % tiny_config().vocab_size;
+    }
+    return t;
+}
+
+double relative_error(const float* a, const float* ref, int64_t n) {
+    double diff = 0, norm = 0;
+    for (int64_t i = 0; i < n; i++) {
+        diff += (double(a[i]) - ref[i]) * (double(a[i]) - ref[i]);
+        norm += double(ref[i]) * ref[i];
+    }
+    return std::sqrt(diff / std::max(norm, 1e-30));
+}
+
+void compare_with_one_rank(int t, bool sequence_parallel) {
+    SCOPED_TRACE("t=" + std::to_string(t) + (sequence_parallel ? " TP+SP" : " TP only"));
+    int world_rank;
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    MPI_Comm comm;
+    MPI_Comm_split(MPI_COMM_WORLD, world_rank / t, world_rank % t, &comm);
+    Communicator group(comm);
+    const GPTConfig config = tiny_config();
+    const int N = shape.batch * shape.seq_len;
+    std::vector<int> tokens = tokens_for(N);
+    const DropoutStep draw{7, 3, 0};
+
+    GPT one(config, shape);
+    one.init_random(11);
+    one.zero_grad();
+    float one_loss = one.forward(tokens.data(), tokens.data() + 1, draw);
+    one.backward(tokens.data(), 1.0f / N);
+
+    TensorParallelism tp{t, group.rank(), sequence_parallel};
+    GPT split(config, shape, tp, &group);
+    split.init_random(11);
+    split.zero_grad();
+    float split_loss = split.forward(tokens.data(), tokens.data() + 1, draw);
+    split.backward(tokens.data(), 1.0f / N);
+    split.reduce_replicated_grads();
+    EXPECT_NEAR(split_loss, one_loss, 1e-6 * one_loss);
+
+    // the masks: this rank's part of every mask is the same part of the one-rank mask
+    const int heads = config.num_heads / t, S = shape.seq_len, B = shape.batch, C = config.channels;
+    const int rows = sequence_parallel ? S / t * B : S * B, first_row = sequence_parallel ? group.rank() * rows : 0;
+    for (int l = 0; l < config.num_layers; l++) {
+        for (int b = 0; b < B; b++) {
+            size_t block = size_t(heads) * S * S;
+            EXPECT_EQ(0, std::memcmp(split.blocks[l].attn_dropout_mask + b * block,
+                                     one.blocks[l].attn_dropout_mask + (size_t(b) * config.num_heads +
+                                                                        size_t(group.rank()) * heads) * S * S,
+                                     block))
+                << "attention mask, layer " << l;
+        }
+        EXPECT_EQ(0, std::memcmp(split.blocks[l].fc2_dropout_mask,
+                                 one.blocks[l].fc2_dropout_mask + size_t(first_row) * C, size_t(rows) * C))
+            << "fc2 mask, layer " << l;
+    }
+
+    // every gradient, the shards gathered into the whole model's layout
+    std::vector<float> shards(size_t(split.num_parameters) * t), full(size_t(one.num_parameters));
+    group.gather(split.grads.wte, shards.data(), size_t(split.num_parameters), 0);
+    if (group.rank() == 0) {
+        for (int r = 0; r < t; r++)
+            copy_parameter_shards(config, t, r, full.data(), shards.data() + size_t(r) * split.num_parameters,
+                                  ShardDirection::shard_to_full);
+        int64_t at = 0;
+        for (const TensorSpec& spec : one.parameter_specs) {
+            EXPECT_LT(relative_error(full.data() + at, one.grads.wte + at, spec.elements()), 1e-4)
+                << "gradient of " << spec.name;
+            at += spec.elements();
+        }
+    }
+
+    // the arena this rank allocated is the per-rank formula
+    int64_t formula = block_activation_formula_bytes(B, S, C, config.num_heads, 4, t, sequence_parallel);
+    std::vector<TensorSpec> outside = outside_activation_table(config, shape, tp, &split.outside);
+    EXPECT_EQ(int64_t(split.activation_arena.bytes()), config.num_layers * formula + int64_t(table_bytes(outside)));
+    MPI_Comm_free(&comm);
+}
+
+}  // namespace
+
+TEST(TensorParallel, TwoRanksWithSequenceParallelEqualOneRank) { compare_with_one_rank(2, true); }
+TEST(TensorParallel, TwoRanksTensorOnlyEqualOneRank) { compare_with_one_rank(2, false); }
+TEST(TensorParallel, FourRanksWithSequenceParallelEqualOneRank) { compare_with_one_rank(4, true); }
+TEST(TensorParallel, FourRanksTensorOnlyEqualOneRank) { compare_with_one_rank(4, false); }
+
+int main(int argc, char** argv) {
+    MPI_Init(&argc, &argv);
+    ::testing::InitGoogleTest(&argc, argv);
+    int rank, size;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (size != 4) {
+        if (rank == 0) std::fprintf(stderr, "run under mpirun -np 4\n");
+        MPI_Finalize();
+        return 1;
+    }
+    int failed = RUN_ALL_TESTS();
+    MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    MPI_Finalize();
+    return failed;
+}
