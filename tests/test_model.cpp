@@ -213,6 +213,23 @@ TEST(Memory, ArenaEqualsTheFormulaExactly) {
     }
 }
 
+TEST(Memory, EveryRanksTableEqualsItsModesFormula) {
+    GPTConfig c;
+    c.num_layers = 2, c.num_heads = 8, c.channels = 64, c.max_seq_len = 36, c.vocab_size = 50, c.padded_vocab_size = 64;
+    RunShape shape{3, 36, 0.1f};
+    for (int t : {1, 2, 4}) {
+        for (bool sp : {true, false}) {
+            MemoryReport report = memory_report(c, shape, {t, 0, sp}, 1);
+            int64_t formula = block_activation_formula_bytes(3, 36, 64, 8, 4, t, sp || t == 1);
+            EXPECT_EQ(report.block_bytes, formula) << "t=" << t << (sp ? " TP+SP" : " TP only");
+        }
+    }
+    // SP divides the (4e + 2)·b·s·h that TP alone keeps whole
+    int64_t tp_only = block_activation_formula_bytes(3, 36, 64, 8, 4, 4, false);
+    int64_t tp_sp = block_activation_formula_bytes(3, 36, 64, 8, 4, 4, true);
+    EXPECT_EQ(tp_only - tp_sp, int64_t(3) * 36 * 64 * 18 * 3 / 4);
+}
+
 TEST(Memory, NothingOutsideTheTableIsKeptAcrossForwardAndBackward) {
     // Poison the whole workspace between forward and backward: if backward
     // read anything forward left there, the gradients would change.
