@@ -8,7 +8,7 @@
 
 #include "model/kernels/cpu_kernels.h"
 #include "model/kernels/philox.h"
-#include "tests/gradient_check.h"
+#include "tests/test_support.h"
 
 using namespace tpsp;
 using namespace tpsp::testing;

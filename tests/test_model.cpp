@@ -11,7 +11,7 @@
 
 #include "model/gpt.h"
 #include "model/memory_report.h"
-#include "tests/gradient_check.h"
+#include "tests/test_support.h"
 #include "train/adamw.h"
 
 using namespace tpsp;
@@ -65,15 +65,6 @@ void load_reference(TorchReference& r) {
     std::fclose(f);
 }
 
-double relative_error(const float* a, const float* ref, int64_t n) {
-    double diff = 0, norm = 0;
-    for (int64_t i = 0; i < n; i++) {
-        diff += (double(a[i]) - ref[i]) * (double(a[i]) - ref[i]);
-        norm += double(ref[i]) * ref[i];
-    }
-    return std::sqrt(diff / std::max(norm, 1e-30));
-}
-
 }  // namespace
 
 TEST(ModelVsTorch, LossLogitsAndEveryGradient) {
@@ -93,11 +84,11 @@ TEST(ModelVsTorch, LossLogitsAndEveryGradient) {
         for (int t = 0; t < ref.T; t++)
             std::memcpy(&logits[(size_t(b) * ref.T + t) * Vp], model.outside.logits + (size_t(t) * ref.B + b) * Vp,
                         sizeof(float) * Vp);
-    EXPECT_LT(relative_error(logits.data(), ref.logits.data(), int64_t(ref.logits.size())), 1e-5);
+    EXPECT_LT(tpsp::testing::relative_error(logits.data(), ref.logits.data(), int64_t(ref.logits.size())), 1e-5);
     model.backward(ref.inputs.data(), 1.0f / N);
     int64_t at = 0;
     for (const TensorSpec& t : model.parameter_specs) {
-        double err = relative_error(model.grads.wte + at, ref.grads.data() + at, t.elements());
+        double err = tpsp::testing::relative_error(model.grads.wte + at, ref.grads.data() + at, t.elements());
         EXPECT_LT(err, 1e-4) << "gradient of " << t.name;
         at += t.elements();
     }
@@ -134,12 +125,7 @@ GPTConfig small_config() {
     return c;
 }
 std::vector<int> tokens_for(const GPTConfig& c, int n, uint32_t seed) {
-    std::vector<int> t(size_t(n) + 1);
-    for (int& x : t) {
-        seed = seed * 1664525u + 1013904223u;
-        x = int(seed >> 8) % c.vocab_size;
-    }
-    return t;
+    return tpsp::testing::random_tokens(n, c.vocab_size, seed);
 }
 }  // namespace
 

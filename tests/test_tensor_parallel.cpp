@@ -11,6 +11,7 @@
 
 #include "model/gpt.h"
 #include "parallel/communicator.h"
+#include "tests/test_support.h"
 
 using namespace tpsp;
 
@@ -29,25 +30,6 @@ GPTConfig tiny_config() {
 
 const RunShape shape{3, 16, 0.1f};
 
-std::vector<int> tokens_for(int n) {
-    std::vector<int> t(size_t(n) + 1);
-    uint32_t state = 99;
-    for (int& x : t) {
-        state = state * 1664525u + 1013904223u;
-        x = int(state >> 8) % tiny_config().vocab_size;
-    }
-    return t;
-}
-
-double relative_error(const float* a, const float* ref, int64_t n) {
-    double diff = 0, norm = 0;
-    for (int64_t i = 0; i < n; i++) {
-        diff += (double(a[i]) - ref[i]) * (double(a[i]) - ref[i]);
-        norm += double(ref[i]) * ref[i];
-    }
-    return std::sqrt(diff / std::max(norm, 1e-30));
-}
-
 void compare_with_one_rank(int t, bool sequence_parallel) {
     SCOPED_TRACE("t=" + std::to_string(t) + (sequence_parallel ? " TP+SP" : " TP only"));
     int world_rank;
@@ -57,7 +39,7 @@ void compare_with_one_rank(int t, bool sequence_parallel) {
     Communicator group(comm);
     const GPTConfig config = tiny_config();
     const int N = shape.batch * shape.seq_len;
-    std::vector<int> tokens = tokens_for(N);
+    std::vector<int> tokens = tpsp::testing::random_tokens(N, config.vocab_size, 99);
     const DropoutStep draw{7, 3, 0};
 
     GPT one(config, shape);
@@ -101,7 +83,7 @@ void compare_with_one_rank(int t, bool sequence_parallel) {
                                   ShardDirection::shard_to_full);
         int64_t at = 0;
         for (const TensorSpec& spec : one.parameter_specs) {
-            EXPECT_LT(relative_error(full.data() + at, one.grads.wte + at, spec.elements()), 1e-4)
+            EXPECT_LT(tpsp::testing::relative_error(full.data() + at, one.grads.wte + at, spec.elements()), 1e-4)
                 << "gradient of " << spec.name;
             at += spec.elements();
         }

@@ -1,7 +1,8 @@
-// Central finite differences for the gradient tests.
+// What the tests share: random inputs, finite differences, relative errors.
 #pragma once
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -42,6 +43,26 @@ inline double gradient_error(const std::function<double()>& loss, float* x, cons
         double numeric = (plus - minus) / (2.0 * h);
         diff += (analytic[i] - numeric) * (analytic[i] - numeric);
         norm += numeric * numeric;
+    }
+    return std::sqrt(diff / std::max(norm, 1e-30));
+}
+
+// n + 1 token ids below vocab_size (inputs are the first n, targets the last n).
+inline std::vector<int> random_tokens(int n, int vocab_size, uint32_t seed) {
+    std::vector<int> t(size_t(n) + 1);
+    for (int& x : t) {
+        seed = seed * 1664525u + 1013904223u;
+        x = int(seed >> 8) % vocab_size;
+    }
+    return t;
+}
+
+// ||a − ref|| / ||ref||, accumulated in double.
+inline double relative_error(const float* a, const float* ref, int64_t n) {
+    double diff = 0, norm = 0;
+    for (int64_t i = 0; i < n; i++) {
+        diff += (double(a[i]) - ref[i]) * (double(a[i]) - ref[i]);
+        norm += double(ref[i]) * ref[i];
     }
     return std::sqrt(diff / std::max(norm, 1e-30));
 }
