@@ -43,6 +43,26 @@ void Communicator::all_reduce_sum(double* data, size_t count) {
     if (size_ > 1) MPI_Allreduce(MPI_IN_PLACE, data, int(count), MPI_DOUBLE, MPI_SUM, comm_);
 }
 
+MPI_Request Communicator::start_send(const float* data, size_t count, int peer, int tag) {
+    MPI_Request request;
+    MPI_Isend(data, int(count), MPI_FLOAT, peer, tag, comm_, &request);
+    return request;
+}
+
+MPI_Request Communicator::start_receive(float* data, size_t count, int peer, int tag) {
+    MPI_Request request;
+    MPI_Irecv(data, int(count), MPI_FLOAT, peer, tag, comm_, &request);
+    return request;
+}
+
+bool Communicator::test(MPI_Request& request) {
+    int done = 0;
+    MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+    return done != 0;
+}
+
+void Communicator::wait(MPI_Request& request) { MPI_Wait(&request, MPI_STATUS_IGNORE); }
+
 void Communicator::gather(const float* send, float* receive, size_t count, int root) {
     if (size_ == 1) {
         if (receive != send) std::memcpy(receive, send, count * 4);

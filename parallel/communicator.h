@@ -32,6 +32,14 @@ public:
     // data [count] = Σ_ranks data, in place
     void all_reduce_sum(float* data, size_t count);
     void all_reduce_max(float* data, size_t count);
+    // Point-to-point, non-blocking, for the ring exchanges of the overlap
+    // schedules. Open MPI moves a transfer only inside MPI calls: a caller
+    // that computes meanwhile polls test() between tiles.
+    MPI_Request start_send(const float* data, size_t count, int peer, int tag);
+    MPI_Request start_receive(float* data, size_t count, int peer, int tag);
+    bool test(MPI_Request& request);  // true once the transfer is done
+    void wait(MPI_Request& request);
+
     // receive [size · count] on root = every rank's send [count] (checkpoints; not counted)
     void gather(const float* send, float* receive, size_t count, int root);
     // doubles, for reductions of norms and losses (not counted)

@@ -6,6 +6,7 @@
 #include <mpi.h>
 
 #include <cmath>
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -102,6 +103,27 @@ TEST(TensorParallel, TwoRanksWithSequenceParallelEqualOneRank) { compare_with_on
 TEST(TensorParallel, TwoRanksTensorOnlyEqualOneRank) { compare_with_one_rank(2, false); }
 TEST(TensorParallel, FourRanksWithSequenceParallelEqualOneRank) { compare_with_one_rank(4, true); }
 TEST(TensorParallel, FourRanksTensorOnlyEqualOneRank) { compare_with_one_rank(4, false); }
+
+// The ring that the overlap schedules will run on: t − 1 hops of sending
+// what one holds to the next rank while receiving from the previous, polled
+// until done, assemble the all-gather.
+TEST(Communicator, ARingOfPointToPointExchangesAllGathers) {
+    Communicator world(MPI_COMM_WORLD);
+    const int t = world.size(), me = world.rank(), count = 5;
+    std::vector<float> mine(count), ring(size_t(count) * t), gathered(size_t(count) * t);
+    for (int i = 0; i < count; i++) mine[i] = float(100 * me + i);
+    std::copy(mine.begin(), mine.end(), ring.begin() + me * count);
+    for (int hop = 0; hop < t - 1; hop++) {
+        int send_chunk = (me - hop + t) % t, receive_chunk = (me - hop - 1 + t) % t;
+        MPI_Request sent = world.start_send(ring.data() + send_chunk * count, count, (me + 1) % t, hop);
+        MPI_Request received = world.start_receive(ring.data() + receive_chunk * count, count, (me - 1 + t) % t, hop);
+        while (!world.test(received)) {
+        }
+        world.wait(sent);
+    }
+    world.all_gather(mine.data(), gathered.data(), count);
+    EXPECT_EQ(ring, gathered);
+}
 
 int main(int argc, char** argv) {
     MPI_Init(&argc, &argv);
