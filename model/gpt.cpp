@@ -140,6 +140,7 @@ std::vector<TensorSpec> workspace_table(const GPTConfig& c, const RunShape& r, c
     Dim b{r.batch, "b"}, s{r.seq_len, "s"}, h{c.channels, "h"};
     Dim s_local = tp.sequence_parallel ? split(r.seq_len, "s", t) : s;
     bool packs_replicated = tp.sequence_parallel && t > 1;
+    bool ring = packs_replicated && tp.overlap.rs && !tp.overlap.rs_pipeline;
     return {
         f32_tensor("stream_grad", {s_local, b, h}, &w->stream_grad),
         f32_tensor("branch", {s_local, b, h}, &w->branch),
@@ -153,6 +154,7 @@ std::vector<TensorSpec> workspace_table(const GPTConfig& c, const RunShape& r, c
         f32_tensor("attention_scratch", {{threads, "threads"}, s, s}, &w->attention_scratch),
         f32_tensor("replicated_grads", {{packs_replicated ? replicated_elements(c) : 0, "replicated"}},
                    &w->replicated_grads),
+        f32_tensor("ring_scratch", {{ring ? 3 : 0, "3"}, s_local, b, h}, &w->ring_scratch),
     };
 }
 
@@ -193,6 +195,8 @@ GPT::GPT(const GPTConfig& c, const RunShape& r, const TensorParallelism& t, Comm
     activation_arena = Arena(activations);
     workspace_arena = Arena(workspace_table(config, shape, tp, omp_get_max_threads(), &workspace));
     row_targets_.resize(size_t(shape.batch) * shape.seq_len);
+    linears_ = std::make_unique<ParallelLinears>(group_, tp.sequence_parallel, tp.overlap, shape.seq_len * shape.batch,
+                                                 local_seq() * shape.batch, workspace.ring_scratch);
 }
 
 int GPT::local_seq() const { return tp.sequence_parallel ? shape.seq_len / tp.size : shape.seq_len; }
@@ -252,7 +256,6 @@ void GPT::block_forward(int l, float* block_out, const DropoutStep& draw, float 
     const int B = shape.batch, T = shape.seq_len, C = config.channels, t = tp.size;
     const int Ct = C / t, heads = config.num_heads / t, hidden = 4 * C / t;
     const int N = T * B, N_local = local_seq() * B;  // rows of the full and of the local activations
-    const size_t full = size_t(N) * C;
     BlockActivations& a = blocks[l];
     DropoutBox tokens = token_box(local_seq(), B, T, C, seq_start(), draw.batch_offset);
     DropoutBox probs = probs_box(B, heads, config.num_heads, T, tp.rank * heads, draw.batch_offset);
@@ -260,23 +263,23 @@ void GPT::block_forward(int l, float* block_out, const DropoutStep& draw, float 
 
     // attention half: ln2_in = ln1_in + dropout(ḡ(proj(attention(qkv(g(ln1(ln1_in)))))) + bias)
     layernorm_forward(a.ln1_out, a.ln1_in, params.ln1w + l * C, params.ln1b + l * C, N_local, C);
-    const float* x = mappings_.g_forward(a.ln1_out, workspace.gathered, full);
-    matmul_forward(a.qkv, x, params.qkvw + int64_t(l) * 3 * Ct * C, params.qkvb + l * 3 * Ct, N, C, 3 * Ct);
+    linears_->column_forward("qkv", a.qkv, a.ln1_out, workspace.gathered, params.qkvw + int64_t(l) * 3 * Ct * C,
+                             params.qkvb + l * 3 * Ct, C, 3 * Ct);
     attention_forward(a.attn_out, a.softmax_out, a.attn_dropout_mask, a.attn_dropout_out, a.qkv, B, T, Ct, heads,
                       p, probs, key(DropoutSite::attention_probs));
-    matmul_forward(workspace.partial, a.attn_out, params.attprojw + int64_t(l) * C * Ct, nullptr, N, Ct, C);
-    float* y = mappings_.gbar_forward(workspace.partial, workspace.branch, full);
+    float* y = linears_->row_forward("attention proj", a.attn_out, workspace.partial, workspace.branch,
+                                     params.attprojw + int64_t(l) * C * Ct, Ct, C);
     bias_forward(y, params.attprojb + l * C, N_local, C);
     dropout_forward(y, a.proj_dropout_mask, y, tokens, p, key(DropoutSite::attention_proj));
     residual_forward(a.ln2_in, a.ln1_in, y, int64_t(N_local) * C);
 
     // MLP half: block_out = ln2_in + dropout(ḡ(fc2(gelu(fc1(g(ln2(ln2_in)))))) + bias)
     layernorm_forward(a.ln2_out, a.ln2_in, params.ln2w + l * C, params.ln2b + l * C, N_local, C);
-    x = mappings_.g_forward(a.ln2_out, workspace.gathered, full);
-    matmul_forward(a.gelu_in, x, params.fcw + int64_t(l) * hidden * C, params.fcb + l * hidden, N, C, hidden);
+    linears_->column_forward("fc1", a.gelu_in, a.ln2_out, workspace.gathered, params.fcw + int64_t(l) * hidden * C,
+                             params.fcb + l * hidden, C, hidden);
     gelu_forward(a.gelu_out, a.gelu_in, int64_t(N) * hidden);
-    matmul_forward(workspace.partial, a.gelu_out, params.fcprojw + int64_t(l) * C * hidden, nullptr, N, hidden, C);
-    y = mappings_.gbar_forward(workspace.partial, workspace.branch, full);
+    y = linears_->row_forward("fc2", a.gelu_out, workspace.partial, workspace.branch,
+                              params.fcprojw + int64_t(l) * C * hidden, hidden, C);
     bias_forward(y, params.fcprojb + l * C, N_local, C);
     dropout_forward(y, a.fc2_dropout_mask, y, tokens, p, key(DropoutSite::mlp_fc2));
     residual_forward(block_out, a.ln2_in, y, int64_t(N_local) * C);
@@ -289,8 +292,8 @@ void GPT::classifier_forward() {
     const int Vp_local = config.padded_vocab_size / tp.size, vocab_start = tp.rank * Vp_local;
     const int V_real = std::max(0, std::min(Vp_local, config.vocab_size - vocab_start));
     layernorm_forward(outside.lnf_out, outside.lnf_in, params.lnfw, params.lnfb, N_local, C);
-    const float* x = mappings_.g_forward(outside.lnf_out, workspace.gathered, size_t(N) * C);
-    matmul_forward(outside.logits, x, params.wte, nullptr, N, C, Vp_local);
+    linears_->column_forward("lm head", outside.logits, outside.lnf_out, workspace.gathered, params.wte, nullptr, C,
+                             Vp_local);
 
     float* maxes = workspace.vocab_stats;
     float* stats = workspace.vocab_stats + N;  // Σ exp [N], then the target logit [N]
@@ -335,7 +338,6 @@ void GPT::block_backward(int l) {
     const int B = shape.batch, T = shape.seq_len, C = config.channels, t = tp.size;
     const int Ct = C / t, heads = config.num_heads / t, hidden = 4 * C / t;
     const int N = T * B, N_local = local_seq() * B;
-    const size_t full = size_t(N) * C;
     const float p = shape.dropout;
     const BlockActivations& a = blocks[l];
     Workspace& w = workspace;
@@ -343,29 +345,27 @@ void GPT::block_backward(int l) {
     // MLP half
     dropout_backward(w.branch, a.fc2_dropout_mask, w.stream_grad, int64_t(N_local) * C, p);
     bias_backward(grads.fcprojb + l * C, w.branch, N_local, C);
-    const float* dy = mappings_.gbar_backward(w.branch, w.gathered, full);
-    matmul_backward(w.wide_grad, grads.fcprojw + int64_t(l) * C * hidden, nullptr, dy, a.gelu_out,
-                    params.fcprojw + int64_t(l) * C * hidden, N, hidden, C);
+    linears_->row_backward("fc2 backward", w.wide_grad, w.branch, w.gathered, a.gelu_out,
+                           params.fcprojw + int64_t(l) * C * hidden, grads.fcprojw + int64_t(l) * C * hidden, hidden,
+                           C);
     gelu_backward(w.wide_grad, a.gelu_in, w.wide_grad, int64_t(N) * hidden);
-    const float* x = mappings_.g_forward(a.ln2_out, w.gathered, full);  // re-gather the saved shard
-    matmul_backward(w.partial, grads.fcw + int64_t(l) * hidden * C, grads.fcb + l * hidden, w.wide_grad, x,
-                    params.fcw + int64_t(l) * hidden * C, N, C, hidden);
-    const float* dln = mappings_.g_backward(w.partial, w.local_grad, full);
+    const float* dln = linears_->column_backward("fc1 backward", w.wide_grad, a.ln2_out, w.gathered, w.partial,
+                                                 w.local_grad, params.fcw + int64_t(l) * hidden * C,
+                                                 grads.fcw + int64_t(l) * hidden * C, grads.fcb + l * hidden, C,
+                                                 hidden);
     layernorm_backward(w.stream_grad, grads.ln2w + l * C, grads.ln2b + l * C, dln, a.ln2_in, params.ln2w + l * C,
                        w.ln_stats, N_local, C);
 
     // attention half
     dropout_backward(w.branch, a.proj_dropout_mask, w.stream_grad, int64_t(N_local) * C, p);
     bias_backward(grads.attprojb + l * C, w.branch, N_local, C);
-    dy = mappings_.gbar_backward(w.branch, w.gathered, full);
-    matmul_backward(w.attn_grad, grads.attprojw + int64_t(l) * C * Ct, nullptr, dy, a.attn_out,
-                    params.attprojw + int64_t(l) * C * Ct, N, Ct, C);
+    linears_->row_backward("attention proj backward", w.attn_grad, w.branch, w.gathered, a.attn_out,
+                           params.attprojw + int64_t(l) * C * Ct, grads.attprojw + int64_t(l) * C * Ct, Ct, C);
     attention_backward(w.wide_grad, w.attn_grad, a.qkv, a.softmax_out, a.attn_dropout_mask, a.attn_dropout_out,
                        w.attention_scratch, B, T, Ct, heads, p);
-    x = mappings_.g_forward(a.ln1_out, w.gathered, full);
-    matmul_backward(w.partial, grads.qkvw + int64_t(l) * 3 * Ct * C, grads.qkvb + l * 3 * Ct, w.wide_grad, x,
-                    params.qkvw + int64_t(l) * 3 * Ct * C, N, C, 3 * Ct);
-    dln = mappings_.g_backward(w.partial, w.local_grad, full);
+    dln = linears_->column_backward("qkv backward", w.wide_grad, a.ln1_out, w.gathered, w.partial, w.local_grad,
+                                    params.qkvw + int64_t(l) * 3 * Ct * C, grads.qkvw + int64_t(l) * 3 * Ct * C,
+                                    grads.qkvb + l * 3 * Ct, C, 3 * Ct);
     layernorm_backward(w.stream_grad, grads.ln1w + l * C, grads.ln1b + l * C, dln, a.ln1_in, params.ln1w + l * C,
                        w.ln_stats, N_local, C);
 }
@@ -378,9 +378,8 @@ void GPT::classifier_backward(float dloss_scale) {
     Workspace& w = workspace;
     crossentropy_backward(outside.logits, outside.lse, row_targets_.data(), vocab_start, dloss_scale, N, V_real,
                           Vp_local);
-    const float* x = mappings_.g_forward(outside.lnf_out, w.gathered, size_t(N) * C);  // re-gather
-    matmul_backward(w.partial, grads.wte, nullptr, outside.logits, x, params.wte, N, C, Vp_local);
-    const float* dln = mappings_.g_backward(w.partial, w.local_grad, size_t(N) * C);
+    const float* dln = linears_->column_backward("lm head backward", outside.logits, outside.lnf_out, w.gathered,
+                                                 w.partial, w.local_grad, params.wte, grads.wte, nullptr, C, Vp_local);
     std::memset(w.stream_grad, 0, sizeof(float) * N_local * C);
     layernorm_backward(w.stream_grad, grads.lnfw, grads.lnfb, dln, outside.lnf_in, params.lnfw, w.ln_stats, N_local,
                        C);

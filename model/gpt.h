@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "model/tensor_table.h"
+#include "model/parallel_linear.h"
 #include "parallel/communicator.h"
 #include "parallel/mappings.h"
 
@@ -39,6 +40,7 @@ struct TensorParallelism {
     int size = 1;                   // t
     int rank = 0;
     bool sequence_parallel = true;  // SP; false: Megatron's TP-only f / f̄
+    OverlapSettings overlap;        // which communication hides behind which GEMM
 };
 
 // llm.c's 16 parameter tensors, in llm.c's order (the checkpoint order).
@@ -108,6 +110,7 @@ struct Workspace {
     float* vocab_stats;        // [3, s, b] cross-entropy row max, Σ exp, target logit
     float* attention_scratch;  // [threads, s, s] one head's score gradient per thread
     float* replicated_grads;   // the replicated parameters' gradients, packed for one all-reduce
+    float* ring_scratch;       // [3, s_local, b, h] the ring reduce-scatter's buffers in flight
 };
 
 std::vector<TensorSpec> block_activation_table(const GPTConfig& config, const RunShape& shape,
@@ -177,6 +180,7 @@ private:
     Communicator single_rank_group_;
     Communicator* group_;
     TensorParallelMappings mappings_;
+    std::unique_ptr<ParallelLinears> linears_;
     std::vector<int> row_targets_;  // [s, b] the targets in the activations' row order
 };
 

@@ -1,6 +1,7 @@
 #include "parallel/communicator.h"
 
 #include <cstring>
+#include <ctime>
 
 namespace tpsp {
 
@@ -9,59 +10,121 @@ Communicator::Communicator(MPI_Comm comm) : comm_(comm) {
     MPI_Comm_size(comm, &size_);
 }
 
-void Communicator::all_gather(const float* shard, float* full, size_t count) {
+static void sleep_until(double when) {
+    double left = when - now_seconds();
+    if (left <= 0) return;
+    timespec ts{time_t(left), long((left - double(time_t(left))) * 1e9)};
+    nanosleep(&ts, nullptr);
+}
+
+// A ring all-gather or reduce-scatter: t − 1 messages of one shard each.
+double Communicator::ring_seconds(size_t shard_count) const {
+    return link.on() ? (size_ - 1) * link.message_seconds(double(shard_count) * 4) : 0.0;
+}
+
+Transfer Communicator::begin(const char* name, double link_seconds, bool counts) {
+    Transfer t;
+    t.name = name;
+    t.started = now_seconds();
+    t.ready_at = t.started + link_seconds;
+    t.counts = counts;
+    t.active = true;
+    return t;
+}
+
+void Communicator::finish(Transfer& t) {
+    double end = now_seconds();
+    t.active = false;
+    if (!t.counts) return;
+    time.total += end - t.started;
+    if (tracer) tracer->record(t.name, Track::communication, t.started, end);
+}
+
+bool Communicator::test(Transfer& t) {
+    if (!t.active) return true;
+    int done = 0;
+    MPI_Test(&t.request, &done, MPI_STATUS_IGNORE);
+    if (!done || now_seconds() < t.ready_at) {
+        if (done) t.request = MPI_REQUEST_NULL;  // complete in MPI; only the emulated link holds it back
+        return false;
+    }
+    finish(t);
+    return true;
+}
+
+void Communicator::wait(Transfer& t) {
+    if (!t.active) return;
+    double start = now_seconds();
+    MPI_Wait(&t.request, MPI_STATUS_IGNORE);
+    sleep_until(t.ready_at);
+    finish(t);
+    time.exposed += now_seconds() - start;
+}
+
+Transfer Communicator::start_send(const float* data, size_t count, int peer, int tag) {
+    Transfer t = begin("send", 0.0, false);
+    MPI_Isend(data, int(count), MPI_FLOAT, peer, tag, comm_, &t.request);
+    return t;
+}
+
+Transfer Communicator::start_receive(float* data, size_t count, int peer, int tag, const char* name) {
+    Transfer t = begin(name, link.on() ? link.message_seconds(double(count) * 4) : 0.0, true);
+    MPI_Irecv(data, int(count), MPI_FLOAT, peer, tag, comm_, &t.request);
+    return t;
+}
+
+Transfer Communicator::start_all_gather(const float* shard, float* full, size_t count, const char* name) {
     if (size_ == 1) {
         if (full != shard) std::memcpy(full, shard, count * 4);
-        return;
+        return {};
     }
     bytes.all_gather += int64_t(count) * size_ * 4;
-    MPI_Allgather(shard, int(count), MPI_FLOAT, full, int(count), MPI_FLOAT, comm_);
+    Transfer t = begin(name, ring_seconds(count), true);
+    MPI_Iallgather(shard, int(count), MPI_FLOAT, full, int(count), MPI_FLOAT, comm_, &t.request);
+    return t;
+}
+
+Transfer Communicator::start_reduce_scatter(const float* full, float* shard, size_t count, const char* name) {
+    if (size_ == 1) {
+        if (full != shard) std::memcpy(shard, full, count * 4);
+        return {};
+    }
+    bytes.reduce_scatter += int64_t(count) * size_ * 4;
+    Transfer t = begin(name, ring_seconds(count), true);
+    MPI_Ireduce_scatter_block(full, shard, int(count), MPI_FLOAT, MPI_SUM, comm_, &t.request);
+    return t;
+}
+
+void Communicator::all_gather(const float* shard, float* full, size_t count) {
+    Transfer t = start_all_gather(shard, full, count, "all-gather");
+    wait(t);
 }
 
 void Communicator::reduce_scatter(const float* full, float* shard, size_t count) {
-    if (size_ == 1) {
-        if (full != shard) std::memcpy(shard, full, count * 4);
-        return;
-    }
-    bytes.reduce_scatter += int64_t(count) * size_ * 4;
-    MPI_Reduce_scatter_block(full, shard, int(count), MPI_FLOAT, MPI_SUM, comm_);
+    Transfer t = start_reduce_scatter(full, shard, count, "reduce-scatter");
+    wait(t);
+}
+
+static void all_reduce(Communicator& c, MPI_Comm comm, float* data, size_t count, MPI_Op op, Transfer t) {
+    MPI_Iallreduce(MPI_IN_PLACE, data, int(count), MPI_FLOAT, op, comm, &t.request);
+    c.wait(t);
 }
 
 void Communicator::all_reduce_sum(float* data, size_t count) {
     if (size_ == 1) return;
     bytes.all_reduce += int64_t(count) * 4;
-    MPI_Allreduce(MPI_IN_PLACE, data, int(count), MPI_FLOAT, MPI_SUM, comm_);
+    all_reduce(*this, comm_, data, count, MPI_SUM, begin("all-reduce", 2 * ring_seconds(count / size_), true));
 }
 
 void Communicator::all_reduce_max(float* data, size_t count) {
     if (size_ == 1) return;
     bytes.all_reduce += int64_t(count) * 4;
-    MPI_Allreduce(MPI_IN_PLACE, data, int(count), MPI_FLOAT, MPI_MAX, comm_);
+    all_reduce(*this, comm_, data, count, MPI_MAX, begin("all-reduce", 2 * ring_seconds(count / size_), true));
 }
 
 void Communicator::all_reduce_sum(double* data, size_t count) {
     if (size_ > 1) MPI_Allreduce(MPI_IN_PLACE, data, int(count), MPI_DOUBLE, MPI_SUM, comm_);
 }
-
-MPI_Request Communicator::start_send(const float* data, size_t count, int peer, int tag) {
-    MPI_Request request;
-    MPI_Isend(data, int(count), MPI_FLOAT, peer, tag, comm_, &request);
-    return request;
-}
-
-MPI_Request Communicator::start_receive(float* data, size_t count, int peer, int tag) {
-    MPI_Request request;
-    MPI_Irecv(data, int(count), MPI_FLOAT, peer, tag, comm_, &request);
-    return request;
-}
-
-bool Communicator::test(MPI_Request& request) {
-    int done = 0;
-    MPI_Test(&request, &done, MPI_STATUS_IGNORE);
-    return done != 0;
-}
-
-void Communicator::wait(MPI_Request& request) { MPI_Wait(&request, MPI_STATUS_IGNORE); }
 
 void Communicator::gather(const float* send, float* receive, size_t count, int root) {
     if (size_ == 1) {

@@ -1,16 +1,26 @@
 // The communicator of one process group, over MPI (on CPU). The model calls
-// only these collectives, so the CUDA backend can put NCCL behind the same
+// only these operations, so the CUDA backend can put NCCL behind the same
 // names. Knows nothing about GPT.
 //
-// Every collective of the model counts the bytes of the *full* tensor it
-// produces or consumes (an all-gather of a [s, b, h] result counts s·b·h·4),
-// which is the volume a layout implies and what the log reports. A group of
-// one moves nothing and counts nothing.
+// Bytes: every collective counts the bytes of the *full* tensor it produces
+// or consumes (an all-gather of a [s, b, h] result counts s·b·h·4), the
+// volume a layout implies and what the log reports. The overlap schedules
+// count their rings of point-to-point transfers as the collective they
+// carry out. A group of one moves and counts nothing.
+//
+// Time: a receive or a collective counts as communication from its start to
+// its completion; the part spent in wait() — blocked, with nothing left to
+// compute — is the exposed part. A blocking collective is all exposed.
+//
+// Open MPI moves a non-blocking transfer only inside MPI calls: a caller that
+// computes meanwhile must poll test() between its tiles.
 #pragma once
 #include <mpi.h>
 
 #include <cstddef>
 #include <cstdint>
+
+#include "parallel/trace.h"
 
 namespace tpsp {
 
@@ -18,36 +28,68 @@ struct CollectiveBytes {
     int64_t all_gather = 0, reduce_scatter = 0, all_reduce = 0;
 };
 
+struct CommunicationTime {
+    double total = 0.0, exposed = 0.0;  // seconds
+};
+
+// A measuring aid: a link of this bandwidth and latency. Every transfer is
+// held back until such a link would have delivered it (by sleeping, not
+// spinning). Collectives cost what a ring of t − 1 messages would.
+struct EmulatedLink {
+    double gbps = 0.0;        // gigabits per second; 0 is off
+    double latency_us = 0.0;  // per message
+    bool on() const { return gbps > 0.0; }
+    double message_seconds(double bytes) const { return latency_us * 1e-6 + bytes * 8.0 / (gbps * 1e9); }
+};
+
+// One non-blocking operation in flight.
+struct Transfer {
+    MPI_Request request = MPI_REQUEST_NULL;
+    const char* name = "";
+    double started = 0.0;
+    double ready_at = 0.0;  // when the emulated link would have delivered it
+    bool counts = true;     // sends complete in a receive's shadow and do not count
+    bool active = false;    // started and not yet complete
+};
+
 class Communicator {
 public:
-    Communicator() = default;  // a group of one: every collective is a copy or nothing
+    Communicator() = default;  // a group of one
     explicit Communicator(MPI_Comm comm);
     int rank() const { return rank_; }
     int size() const { return size_; }
+    MPI_Comm* mpi() { return &comm_; }
 
+    // Blocking collectives.
     // full [size · count] = concatenation of every rank's shard [count]
     void all_gather(const float* shard, float* full, size_t count);
     // shard [count] = this rank's block of Σ_ranks full [size · count]
     void reduce_scatter(const float* full, float* shard, size_t count);
-    // data [count] = Σ_ranks data, in place
+    // data [count] = Σ_ranks data (or the max), in place
     void all_reduce_sum(float* data, size_t count);
     void all_reduce_max(float* data, size_t count);
-    // Point-to-point, non-blocking, for the ring exchanges of the overlap
-    // schedules. Open MPI moves a transfer only inside MPI calls: a caller
-    // that computes meanwhile polls test() between tiles.
-    MPI_Request start_send(const float* data, size_t count, int peer, int tag);
-    MPI_Request start_receive(float* data, size_t count, int peer, int tag);
-    bool test(MPI_Request& request);  // true once the transfer is done
-    void wait(MPI_Request& request);
-
+    // doubles, for norms and losses (neither counted nor emulated)
+    void all_reduce_sum(double* data, size_t count);
     // receive [size · count] on root = every rank's send [count] (checkpoints; not counted)
     void gather(const float* send, float* receive, size_t count, int root);
-    // doubles, for reductions of norms and losses (not counted)
-    void all_reduce_sum(double* data, size_t count);
 
-    CollectiveBytes bytes;  // since the last reset, for the step log
+    // Non-blocking: start, then test() between tiles of compute, then wait().
+    Transfer start_send(const float* data, size_t count, int peer, int tag);
+    Transfer start_receive(float* data, size_t count, int peer, int tag, const char* name);
+    Transfer start_all_gather(const float* shard, float* full, size_t count, const char* name);
+    Transfer start_reduce_scatter(const float* full, float* shard, size_t count, const char* name);
+    bool test(Transfer& t);  // moves it on; true once complete (and delivered, on the emulated link)
+    void wait(Transfer& t);  // the time spent here is exposed
+
+    EmulatedLink link;
+    CollectiveBytes bytes;   // since the last reset, for the step log
+    CommunicationTime time;  // since the last reset
+    Tracer* tracer = nullptr;
 
 private:
+    Transfer begin(const char* name, double link_seconds, bool counts);
+    void finish(Transfer& t);
+    double ring_seconds(size_t shard_count) const;
     MPI_Comm comm_ = MPI_COMM_NULL;
     int rank_ = 0, size_ = 1;
 };

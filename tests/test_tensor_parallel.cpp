@@ -115,8 +115,8 @@ TEST(Communicator, ARingOfPointToPointExchangesAllGathers) {
     std::copy(mine.begin(), mine.end(), ring.begin() + me * count);
     for (int hop = 0; hop < t - 1; hop++) {
         int send_chunk = (me - hop + t) % t, receive_chunk = (me - hop - 1 + t) % t;
-        MPI_Request sent = world.start_send(ring.data() + send_chunk * count, count, (me + 1) % t, hop);
-        MPI_Request received = world.start_receive(ring.data() + receive_chunk * count, count, (me - 1 + t) % t, hop);
+        Transfer sent = world.start_send(ring.data() + send_chunk * count, count, (me + 1) % t, hop);
+        Transfer received = world.start_receive(ring.data() + receive_chunk * count, count, (me - 1 + t) % t, hop, "ring");
         while (!world.test(received)) {
         }
         world.wait(sent);

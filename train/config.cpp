@@ -142,6 +142,28 @@ const std::vector<Key>& keys() {
         int_key("parallel.tp", [](Config& c) -> int& { return c.parallel.tp; }, 1, "tensor-parallel size t"),
         bool_key("parallel.sequence_parallel", [](Config& c) -> bool& { return c.parallel.sequence_parallel; },
                  "shard LayerNorm/dropout/residual along the sequence (SP)"),
+        bool_key("parallel.tp_comm_overlap", [](Config& c) -> bool& { return c.parallel.tp_comm_overlap; },
+                 "master switch of communication overlap (needs SP); off turns every tp_comm_* off"),
+        bool_key("parallel.tp_comm_overlap_ag", [](Config& c) -> bool& { return c.parallel.tp_comm_overlap_ag; },
+                 "all-gathers as a ring of exchanges inside the GEMM that needs them"),
+        bool_key("parallel.tp_comm_overlap_rs", [](Config& c) -> bool& { return c.parallel.tp_comm_overlap_rs; },
+                 "reduce-scatters after row-parallel GEMMs overlapped with them"),
+        bool_key("parallel.tp_comm_bulk_dgrad", [](Config& c) -> bool& { return c.parallel.tp_comm_bulk_dgrad; },
+                 "re-all-gather of the LN output during the dgrad GEMM"),
+        bool_key("parallel.tp_comm_bulk_wgrad", [](Config& c) -> bool& { return c.parallel.tp_comm_bulk_wgrad; },
+                 "reduce-scatter of the dgrad during the wgrad GEMM"),
+        bool_key("parallel.tp_comm_overlap_rs_dgrad",
+                 [](Config& c) -> bool& { return c.parallel.tp_comm_overlap_rs_dgrad; },
+                 "reduce-scatter the dgrad chunk by chunk inside its GEMM; turns both bulk switches off"),
+        string_key("parallel.tp_comm_rs_method", [](Config& c) -> std::string& { return c.parallel.tp_comm_rs_method; },
+                   {"ring", "pipeline"}, "how tp_comm_overlap_rs overlaps: ring exchange or pipelined chunks"),
+        int_key("parallel.tp_comm_num_splits", [](Config& c) -> int& { return c.parallel.tp_comm_num_splits; }, 1,
+                "chunks of the pipelined reduce-scatters"),
+        float_key("parallel.emulated_link.gbps", [](Config& c) -> float& { return c.parallel.emulated_link_gbps; }, 0.0,
+                  1e9, "measuring aid: hold transfers to a link of this many gigabits/s; 0 is off"),
+        float_key("parallel.emulated_link.latency_us",
+                  [](Config& c) -> float& { return c.parallel.emulated_link_latency_us; }, 0.0, 1e9,
+                  "the emulated link's latency per transfer, µs"),
         string_key("checkpoint.dir", [](Config& c) -> std::string& { return c.checkpoint.dir; }, {},
                    "where checkpoints go; \"\" for none"),
         int_key("checkpoint.every", [](Config& c) -> int& { return c.checkpoint.every; }, 0,
@@ -153,6 +175,10 @@ const std::vector<Key>& keys() {
         int_key("logging.every", [](Config& c) -> int& { return c.logging.every; }, 1, "print every N steps"),
         string_key("logging.metrics", [](Config& c) -> std::string& { return c.logging.metrics; }, {},
                    "write JSON lines of metrics here (appended to on resume)"),
+        string_key("logging.trace", [](Config& c) -> std::string& { return c.logging.trace; }, {},
+                   "write a Chrome trace (Perfetto) of every rank's compute and communication here"),
+        int_key("logging.trace_steps", [](Config& c) -> int& { return c.logging.trace_steps; }, 1,
+                "steps the trace covers (from the first)"),
     };
     return all;
 }
@@ -170,6 +196,22 @@ void apply(Config& c, const std::string& where, const std::string& name, const s
         key->set(c, value);
     } catch (const std::invalid_argument& e) {
         throw ConfigError(where + ": " + name + ": " + e.what());
+    }
+}
+
+// Applies every key of a YAML map; a nested map ("emulated_link: {gbps: 5}")
+// names its keys with one more dot.
+void apply_map(Config& c, const std::string& path, const std::string& prefix, const YAML::Node& map) {
+    for (const auto& entry : map) {
+        std::string key = prefix + "." + entry.first.as<std::string>();
+        std::string at = path + ":" + std::to_string(entry.first.Mark().line + 1);
+        if (entry.second.IsMap()) {
+            apply_map(c, path, key, entry.second);
+            continue;
+        }
+        if (!find_key(key)) throw ConfigError(at + ": unknown key " + key);
+        if (!entry.second.IsScalar()) throw ConfigError(at + ": " + key + ": expected a single value");
+        apply(c, at, key, entry.second.Scalar());
     }
 }
 
@@ -194,6 +236,8 @@ void validate(const Config& c, const std::string& where) {
     must_divide("model.channels", c.model.channels);
     must_divide("the padded vocabulary (model.padded_vocab_size)", padded);
     if (c.parallel.sequence_parallel) must_divide("train.seq_len (sequence parallelism shards it)", c.train.seq_len);
+    if (c.parallel.tp_comm_overlap && !c.parallel.sequence_parallel)
+        fail("parallel.tp_comm_overlap", "the overlap schedules need parallel.sequence_parallel: true");
     if (!c.checkpoint.init.empty() && !c.checkpoint.resume.empty())
         fail("checkpoint.init", "give checkpoint.init or checkpoint.resume, not both");
 }
@@ -213,6 +257,19 @@ GPTConfig Config::gpt() const {
 
 RunShape Config::run_shape() const { return {train.batch_size, train.seq_len, model.dropout}; }
 
+OverlapSettings Config::overlap() const {
+    OverlapSettings o;
+    if (!parallel.tp_comm_overlap) return o;
+    o.ag = parallel.tp_comm_overlap_ag;
+    o.rs = parallel.tp_comm_overlap_rs;
+    o.rs_pipeline = parallel.tp_comm_rs_method == "pipeline";
+    o.rs_dgrad = parallel.tp_comm_overlap_rs_dgrad;
+    o.bulk_dgrad = parallel.tp_comm_bulk_dgrad && !o.rs_dgrad;
+    o.bulk_wgrad = parallel.tp_comm_bulk_wgrad && !o.rs_dgrad;
+    o.num_splits = parallel.tp_comm_num_splits;
+    return o;
+}
+
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
     Config c;
     if (!path.empty()) {
@@ -231,13 +288,7 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
             std::string where = path + ":" + std::to_string(section.first.Mark().line + 1);
             if (!section.second.IsMap())
                 throw ConfigError(where + ": " + name + ": expected a section (a map of keys)");
-            for (const auto& entry : section.second) {
-                std::string key = name + "." + entry.first.as<std::string>();
-                std::string at = path + ":" + std::to_string(entry.first.Mark().line + 1);
-                if (!find_key(key)) throw ConfigError(at + ": unknown key " + key);
-                if (!entry.second.IsScalar()) throw ConfigError(at + ": " + key + ": expected a single value");
-                apply(c, at, key, entry.second.Scalar());
-            }
+            apply_map(c, path, name, section.second);
         }
     }
     for (const std::string& o : overrides) {

@@ -45,6 +45,16 @@ struct Config {
     struct Parallel {
         int tp = 1;
         bool sequence_parallel = true;
+        // Megatron's communication-overlap switches (DESIGN §4); the master
+        // switch off turns every other off.
+        bool tp_comm_overlap = false;
+        bool tp_comm_overlap_ag = true, tp_comm_overlap_rs = true;
+        bool tp_comm_bulk_dgrad = true, tp_comm_bulk_wgrad = true;
+        bool tp_comm_overlap_rs_dgrad = false;
+        std::string tp_comm_rs_method = "ring";  // ring | pipeline
+        int tp_comm_num_splits = 4;
+        // A measuring aid: hold every transfer back to this link's speed. 0 is off.
+        float emulated_link_gbps = 0.0f, emulated_link_latency_us = 0.0f;
     } parallel;
     struct Checkpoint {
         std::string dir;  // "" = no checkpoints
@@ -54,10 +64,14 @@ struct Config {
     struct Logging {
         int every = 1;
         std::string metrics;
+        std::string trace;    // Chrome trace of the first trace_steps steps
+        int trace_steps = 3;
     } logging;
 
     GPTConfig gpt() const;
     RunShape run_shape() const;
+    // The tp_comm_* switches resolved: off without the master switch; rs_dgrad turns the bulk ones off.
+    OverlapSettings overlap() const;
 };
 
 // Reads PATH (may be empty for defaults only) and applies the overrides.

@@ -172,6 +172,7 @@ int train(const Config& cfg) {
     // Everything that can fail on user input happens here, on every rank,
     // before the first step.
     ProcessGrid grid;
+    Tracer tracer;
     std::unique_ptr<TokenLoader> train_loader, val_loader;
     std::unique_ptr<GPT> model_owner;
     std::unique_ptr<AdamW> opt_owner;
@@ -189,7 +190,12 @@ int train(const Config& cfg) {
         if (!cfg.data.val.empty() && cfg.train.val_every > 0)
             val_loader = std::make_unique<TokenLoader>(cfg.data.val, B, T, grid.dp_rank, grid.dp);
         if (!cfg.checkpoint.init.empty()) check_checkpoint_model(cfg.checkpoint.init, gc);
-        TensorParallelism tp{grid.tp, grid.tp_rank, cfg.parallel.sequence_parallel};
+        TensorParallelism tp{grid.tp, grid.tp_rank, cfg.parallel.sequence_parallel, cfg.overlap()};
+        grid.tp_group.link = {cfg.parallel.emulated_link_gbps, cfg.parallel.emulated_link_latency_us};
+        if (!cfg.logging.trace.empty()) {
+            tracer.enable(size_t(200000));
+            grid.tp_group.tracer = &tracer;
+        }
         model_owner = std::make_unique<GPT>(gc, shape, tp, &grid.tp_group);
         opt_owner = std::make_unique<AdamW>(*model_owner, AdamWSettings{cfg.train.beta1, cfg.train.beta2,
                                                                         cfg.train.eps, cfg.train.weight_decay,
@@ -234,6 +240,17 @@ int train(const Config& cfg) {
                     omp_get_max_threads(), peak_flops / 1e9);
         std::printf("data: %zu train shard(s), %lld batches per epoch\n", train_loader->num_shards(),
                     (long long)train_loader->batches_per_epoch());
+        const OverlapSettings o = cfg.overlap();
+        if (cfg.parallel.tp_comm_overlap)
+            std::printf("overlap: ag %s | rs %s (%s, %d splits) | bulk dgrad %s | bulk wgrad %s | rs dgrad %s%s\n",
+                        o.ag ? "on" : "off", o.rs ? "on" : "off", o.rs_pipeline ? "pipeline" : "ring", o.num_splits,
+                        o.bulk_dgrad ? "on" : "off", o.bulk_wgrad ? "on" : "off", o.rs_dgrad ? "on" : "off",
+                        o.rs_dgrad && (cfg.parallel.tp_comm_bulk_dgrad || cfg.parallel.tp_comm_bulk_wgrad)
+                            ? " (tp_comm_overlap_rs_dgrad turns the bulk switches off)"
+                            : "");
+        if (grid.tp_group.link.on())
+            std::printf("emulated link: %g Gbit/s, %g µs per message (a measuring aid: transfers are held back)\n",
+                        grid.tp_group.link.gbps, grid.tp_group.link.latency_us);
         std::fflush(stdout);
     }
 
@@ -244,6 +261,8 @@ int train(const Config& cfg) {
         auto start = std::chrono::steady_clock::now();
         model.zero_grad();
         grid.tp_group.bytes = {};
+        grid.tp_group.time = {};
+        if (step - start_step == cfg.logging.trace_steps) tracer.disable();
         double loss = 0.0;
         for (int micro = 0; micro < cfg.train.grad_accum; micro++) {
             train_loader->next_batch(inputs.data(), targets.data());
@@ -264,6 +283,7 @@ int train(const Config& cfg) {
         opt.update(model, lr, clip, step + 1);
         const double seconds = seconds_since(start);
         const CollectiveBytes moved = grid.tp_group.bytes;
+        const CommunicationTime comm = grid.tp_group.time;
 
         float val = NAN;
         const int done = step + 1;
@@ -274,8 +294,8 @@ int train(const Config& cfg) {
                         done, cfg.train.steps, loss, lr, norm, seconds * 1e3, tokens_per_step / seconds,
                         100.0 * flops_per_step / seconds / peak_flops);
             if (grid.tp > 1)
-                std::printf(" | AG %.1f RS %.1f AR %.1f MB", moved.all_gather / 1e6, moved.reduce_scatter / 1e6,
-                            moved.all_reduce / 1e6);
+                std::printf(" | AG %.1f RS %.1f AR %.1f MB | comm %.1f ms, exposed %.1f ms", moved.all_gather / 1e6,
+                            moved.reduce_scatter / 1e6, moved.all_reduce / 1e6, comm.total * 1e3, comm.exposed * 1e3);
             if (!std::isnan(val)) std::printf(" | val loss %.4f", val);
             std::printf("\n");
             std::fflush(stdout);
@@ -284,10 +304,12 @@ int train(const Config& cfg) {
             std::fprintf(metrics,
                          "{\"step\": %d, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"ms\": %.3f, "
                          "\"tokens_per_s\": %.1f, \"mfu\": %.4f, \"all_gather_bytes\": %lld, "
-                         "\"reduce_scatter_bytes\": %lld, \"all_reduce_bytes\": %lld",
+                         "\"reduce_scatter_bytes\": %lld, \"all_reduce_bytes\": %lld, \"comm_ms\": %.3f, "
+                         "\"exposed_comm_ms\": %.3f",
                          done, loss, lr, norm, seconds * 1e3, tokens_per_step / seconds,
                          flops_per_step / seconds / peak_flops, (long long)moved.all_gather,
-                         (long long)moved.reduce_scatter, (long long)moved.all_reduce);
+                         (long long)moved.reduce_scatter, (long long)moved.all_reduce, comm.total * 1e3,
+                         comm.exposed * 1e3);
             if (!std::isnan(val)) std::fprintf(metrics, ", \"val_loss\": %.9g", val);
             std::fprintf(metrics, "}\n");
             std::fflush(metrics);
@@ -298,6 +320,14 @@ int train(const Config& cfg) {
         }
     }
     if (metrics) std::fclose(metrics);
+    if (!cfg.logging.trace.empty()) {
+        tracer.disable();
+        MPI_Comm world = MPI_COMM_WORLD;
+        if (!tracer.write(cfg.logging.trace, grid.world_rank, &world) && lead)
+            std::fprintf(stderr, "tpsp: error: %s: cannot write the trace\n", cfg.logging.trace.c_str());
+        else if (lead)
+            std::printf("wrote %s (a Chrome trace: open it in Perfetto)\n", cfg.logging.trace.c_str());
+    }
     return 0;
 }
 

@@ -226,10 +226,27 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C, beta, out, OC);
 }
 
+void matmul_backward_input(float* dinp, const float* dout, const float* weight, int N, int C, int OC) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C, 0.0f, dinp, C);
+}
+
+void matmul_backward_weight(float* dweight, float* dbias, const float* dout, const float* inp, int N, int C, int OC,
+                            int o_begin, int o_end) {
+    // dweight [o_end − o_begin, C] += dout[:, o_begin:o_end]^T @ inp [N, C]
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, o_end - o_begin, C, N, 1.0f, dout + o_begin, OC, inp, C,
+                1.0f, dweight + int64_t(o_begin) * C, C);
+    if (dbias) {
+        for (int n = 0; n < N; n++) {
+            const float* d = dout + int64_t(n) * OC;
+#pragma omp simd
+            for (int o = o_begin; o < o_end; o++) dbias[o] += d[o];
+        }
+    }
+}
+
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                      const float* weight, int N, int C, int OC) {
-    // dinp [N, C] = dout [N, OC] @ weight [OC, C]
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C, 0.0f, dinp, C);
+    matmul_backward_input(dinp, dout, weight, N, C, OC);
     // dweight [OC, C] += dout^T [OC, N] @ inp [N, C]
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
     if (dbias) bias_backward(dbias, dout, N, OC);

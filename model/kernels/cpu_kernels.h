@@ -67,6 +67,12 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
 // dinp [N, C] is OVERWRITTEN; dweight [OC, C] and dbias [OC] accumulate.
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                      const float* weight, int N, int C, int OC);
+// The two halves of matmul_backward, for schedules that run them apart:
+// dgrad: dinp [N, C] = dout [N, OC] @ weight [OC, C]   (OVERWRITTEN)
+void matmul_backward_input(float* dinp, const float* dout, const float* weight, int N, int C, int OC);
+// wgrad of the output rows [o_begin, o_end): dweight[o] += Σ_n dout[n, o] inp[n], dbias[o] += Σ_n dout[n, o]
+void matmul_backward_weight(float* dweight, float* dbias, const float* dout, const float* inp, int N, int C, int OC,
+                            int o_begin, int o_end);
 
 // out [N] = gelu(inp), tanh approximation
 void gelu_forward(float* out, const float* inp, int64_t N);

@@ -1,0 +1,133 @@
+// The communication–computation overlap schedules of Megatron /
+// TransformerEngine (DESIGN §4), on a Communicator. They know nothing about
+// GPT: each takes the computation as a callable, which is handed a Poll to
+// call between its tiles — on CPU, Open MPI moves a transfer only while the
+// program is inside MPI, so the compute side keeps it moving. (On CUDA the
+// same schedules put the transfers on their own stream; there Poll does
+// nothing.)
+//
+// Chunks: a tensor split over the t ranks of the group is t chunks of
+// `count` elements, chunk c being rank c's sequence shard.
+#pragma once
+#include <algorithm>
+#include <cstring>
+#include <initializer_list>
+
+#include "parallel/communicator.h"
+
+namespace tpsp {
+
+// What the compute side calls between tiles: moves the watched transfers on.
+class Poll {
+public:
+    Poll(Communicator& comm, std::initializer_list<Transfer*> watched) : comm_(comm) {
+        for (Transfer* t : watched)
+            if (t && n_ < 4) watched_[n_++] = t;
+    }
+    void operator()() const {
+        for (int i = 0; i < n_; i++) comm_.test(*watched_[i]);
+    }
+
+private:
+    Communicator& comm_;
+    Transfer* watched_[4] = {};
+    int n_ = 0;
+};
+
+// tp_comm_overlap_ag. full [t, count] receives the all-gather of `local`
+// while compute(chunk, data, poll) runs once per chunk, on the chunk this
+// rank holds at that step of the ring: at step i it computes chunk r + i
+// while it sends that chunk to rank r − 1 and receives chunk r + i + 1 from
+// rank r + 1. No step waits for the whole gathered input.
+template <class Compute>
+void ring_all_gather_overlapped(Communicator& comm, const float* local, float* full, size_t count, Compute&& compute) {
+    const int t = comm.size(), r = comm.rank();
+    if (full + size_t(r) * count != local) std::memcpy(full + size_t(r) * count, local, count * 4);
+    if (t > 1) comm.bytes.all_gather += int64_t(count) * t * 4;
+    for (int step = 0; step < t; step++) {
+        const int chunk = (r + step) % t, next = (r + step + 1) % t;
+        Transfer send, receive;
+        if (step + 1 < t) {
+            send = comm.start_send(full + size_t(chunk) * count, count, (r - 1 + t) % t, step);
+            receive = comm.start_receive(full + size_t(next) * count, count, (r + 1) % t, step, "ring all-gather");
+        }
+        compute(chunk, full + size_t(chunk) * count, Poll(comm, {&send, &receive}));
+        comm.wait(receive);
+        comm.wait(send);
+    }
+}
+
+// tp_comm_overlap_rs, ring. local [count] = Σ_ranks of each rank's partial
+// for chunk r, where produce(chunk, out, poll) writes this rank's partial of
+// a chunk. The accumulator of chunk c starts at rank c + 1 and travels the
+// ring, each rank adding its partial, until it is home after t − 1 hops;
+// each partial is computed while the accumulator it joins is in flight.
+// scratch: 3 · count floats.
+template <class Produce>
+void ring_reduce_scatter_overlapped(Communicator& comm, float* local, float* scratch, size_t count, Produce&& produce) {
+    const int t = comm.size(), r = comm.rank();
+    float* work = scratch;              // this step's partial, then the accumulator
+    float* outgoing = scratch + count;  // the accumulator being sent
+    float* incoming = scratch + 2 * count;
+    Transfer send, receive;
+    if (t > 1) comm.bytes.reduce_scatter += int64_t(count) * t * 4;
+    for (int step = 0; step < t; step++) {
+        const int chunk = (r - step - 1 + 2 * t) % t;
+        produce(chunk, step + 1 == t ? local : work, Poll(comm, {&send, &receive}));
+        float* acc = step + 1 == t ? local : work;
+        if (step > 0) {
+            comm.wait(receive);
+            for (size_t i = 0; i < count; i++) acc[i] += incoming[i];
+        }
+        if (step + 1 < t) {
+            comm.wait(send);
+            std::swap(work, outgoing);
+            send = comm.start_send(outgoing, count, (r + 1) % t, step);
+            receive = comm.start_receive(incoming, count, (r - 1 + t) % t, step, "ring reduce-scatter");
+        }
+    }
+    comm.wait(send);
+}
+
+// tp_comm_overlap_rs, pipeline (and tp_comm_overlap_rs_dgrad). local [count]
+// = this rank's block of Σ_ranks of a [t, count] tensor produced in `splits`
+// parts: produce(split, begin, end, packed, poll) writes elements
+// [begin, end) of every rank's block, packed as [t, end − begin]; that part
+// is reduce-scattered while the next is produced. then(poll) runs while the
+// last parts drain. packed: t · count floats.
+template <class Produce, class Then>
+void pipelined_reduce_scatter_overlapped(Communicator& comm, float* local, float* packed, size_t count, int splits,
+                                         size_t granule, Produce&& produce, Then&& then) {
+    const int t = comm.size();
+    Transfer inflight[2];
+    for (int k = 0; k < splits; k++) {
+        // split boundaries on whole granules (rows), so every split is a GEMM of whole rows
+        size_t granules = count / granule;
+        size_t begin = granules * k / splits * granule, end = granules * (k + 1) / splits * granule;
+        float* part = packed + size_t(t) * begin;
+        produce(k, begin, end, part, Poll(comm, {&inflight[0], &inflight[1]}));
+        comm.wait(inflight[k % 2]);  // at most two parts in flight
+        inflight[k % 2] = comm.start_reduce_scatter(part, local + begin, end - begin, "pipelined reduce-scatter");
+    }
+    then(Poll(comm, {&inflight[0], &inflight[1]}));
+    comm.wait(inflight[0]);
+    comm.wait(inflight[1]);
+}
+
+// tp_comm_bulk_dgrad: the all-gather of `local` into full runs while work(poll) runs.
+template <class Work>
+void all_gather_during(Communicator& comm, const float* local, float* full, size_t count, Work&& work) {
+    Transfer gather = comm.start_all_gather(local, full, count, "bulk all-gather");
+    work(Poll(comm, {&gather}));
+    comm.wait(gather);
+}
+
+// tp_comm_bulk_wgrad: the reduce-scatter of full into local runs while work(poll) runs.
+template <class Work>
+void reduce_scatter_during(Communicator& comm, const float* full, float* local, size_t count, Work&& work) {
+    Transfer scatter = comm.start_reduce_scatter(full, local, count, "bulk reduce-scatter");
+    work(Poll(comm, {&scatter}));
+    comm.wait(scatter);
+}
+
+}  // namespace tpsp

@@ -1,0 +1,58 @@
+#include "parallel/trace.h"
+
+#include <mpi.h>
+
+#include <cstdio>
+#include <ctime>
+
+namespace tpsp {
+
+double now_seconds() {
+    timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
+void Tracer::enable(size_t capacity) {
+    events_.reserve(capacity);
+    enabled_ = true;
+}
+
+void Tracer::record(const char* name, Track track, double start, double end) {
+    if (enabled_ && events_.size() < events_.capacity()) events_.push_back({name, track, start, end});
+}
+
+bool Tracer::write(const std::string& path, int rank, void* comm_ptr) const {
+    MPI_Comm comm = *static_cast<MPI_Comm*>(comm_ptr);
+    std::string json;
+    char line[256];
+    for (const Event& e : events_) {
+        std::snprintf(line, sizeof line, ",\n{\"name\": \"%s\", \"ph\": \"X\", \"pid\": %d, \"tid\": %d, \"ts\": %.3f, \"dur\": %.3f}",
+                      e.name, rank, int(e.track), e.start * 1e6, (e.end - e.start) * 1e6);
+        json += line;
+    }
+    std::snprintf(line, sizeof line,
+                  ",\n{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": {\"name\": \"rank %d\"}}"
+                  ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 0, \"args\": {\"name\": \"compute\"}}"
+                  ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 1, \"args\": {\"name\": \"communication\"}}",
+                  rank, rank, rank, rank);
+    json += line;
+    int size = 0, length = int(json.size());
+    MPI_Comm_size(comm, &size);
+    std::vector<int> lengths(static_cast<size_t>(size)), offsets(static_cast<size_t>(size));
+    MPI_Gather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, 0, comm);
+    std::string all;
+    if (rank == 0) {
+        int total = 0;
+        for (int r = 0; r < size; r++) offsets[r] = total, total += lengths[r];
+        all.resize(size_t(total));
+    }
+    MPI_Gatherv(json.data(), length, MPI_CHAR, all.data(), lengths.data(), offsets.data(), MPI_CHAR, 0, comm);
+    if (rank != 0) return true;
+    FILE* f = std::fopen(path.c_str(), "w");
+    if (!f) return false;
+    std::fprintf(f, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n%s\n]}\n", all.c_str() + 2);  // no leading comma
+    return std::fclose(f) == 0;
+}
+
+}  // namespace tpsp

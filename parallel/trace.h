@@ -1,0 +1,38 @@
+// A per-rank timeline of compute and communication, written as one Chrome
+// trace (JSON; opens in Perfetto or chrome://tracing): one process per rank,
+// one track for compute and one for communication.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tpsp {
+
+enum class Track { compute = 0, communication = 1 };
+
+// Seconds on a clock all ranks of one machine share (CLOCK_MONOTONIC).
+double now_seconds();
+
+class Tracer {
+public:
+    // Records nothing until enabled; keeps at most `capacity` events, so
+    // recording never allocates inside a step.
+    void enable(size_t capacity);
+    void disable() { enabled_ = false; }
+    bool enabled() const { return enabled_; }
+    void record(const char* name, Track track, double start, double end);
+    // Collective over `comm` (an MPI_Comm* of every rank): rank 0 writes PATH
+    // with every rank's events; false if it could not.
+    bool write(const std::string& path, int rank, void* comm) const;
+
+private:
+    struct Event {
+        const char* name;  // a string literal
+        Track track;
+        double start, end;
+    };
+    bool enabled_ = false;
+    std::vector<Event> events_;
+};
+
+}  // namespace tpsp
