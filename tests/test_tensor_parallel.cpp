@@ -8,6 +8,7 @@
 #include <cmath>
 #include <algorithm>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "model/gpt.h"
@@ -103,6 +104,65 @@ TEST(TensorParallel, TwoRanksWithSequenceParallelEqualOneRank) { compare_with_on
 TEST(TensorParallel, TwoRanksTensorOnlyEqualOneRank) { compare_with_one_rank(2, false); }
 TEST(TensorParallel, FourRanksWithSequenceParallelEqualOneRank) { compare_with_one_rank(4, true); }
 TEST(TensorParallel, FourRanksTensorOnlyEqualOneRank) { compare_with_one_rank(4, false); }
+
+// Every overlap switch alone, and all of them, against the same TP group
+// without overlap: the loss and every gradient shard to 1e-5.
+void compare_overlap_with_plain(int t, const OverlapSettings& overlap, const std::string& what) {
+    SCOPED_TRACE("t=" + std::to_string(t) + " " + what);
+    int world_rank;
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    MPI_Comm comm;
+    MPI_Comm_split(MPI_COMM_WORLD, world_rank / t, world_rank % t, &comm);
+    Communicator group(comm);
+    const GPTConfig config = tiny_config();
+    const int N = shape.batch * shape.seq_len;
+    std::vector<int> tokens = tpsp::testing::random_tokens(N, config.vocab_size, 5);
+    std::vector<float> losses, grads[2];
+    for (int run = 0; run < 2; run++) {
+        TensorParallelism tp{t, group.rank(), true, run == 0 ? OverlapSettings{} : overlap};
+        GPT model(config, shape, tp, &group);
+        model.init_random(3);
+        model.zero_grad();
+        losses.push_back(model.forward(tokens.data(), tokens.data() + 1, {1, 2, 0}));
+        model.backward(tokens.data(), 1.0f / N);
+        model.reduce_replicated_grads();
+        grads[run].assign(model.grads.wte, model.grads.wte + model.num_parameters);
+        if (run == 1) {
+            EXPECT_NEAR(losses[1], losses[0], 1e-6 * losses[0]);
+            int64_t at = 0;
+            for (const TensorSpec& spec : model.parameter_specs) {
+                EXPECT_LT(tpsp::testing::relative_error(grads[1].data() + at, grads[0].data() + at, spec.elements()), 1e-5)
+                    << "gradient of " << spec.name;
+                at += spec.elements();
+            }
+        }
+    }
+    MPI_Comm_free(&comm);
+}
+
+TEST(Overlap, EverySwitchAloneAndAllTogetherLeaveTheNumbersUnchanged) {
+    struct Case {
+        const char* name;
+        OverlapSettings settings;
+    };
+    OverlapSettings ag, rs_ring, rs_pipeline, bulk_dgrad, bulk_wgrad, rs_dgrad, all;
+    ag.ag = true;
+    rs_ring.rs = true;
+    rs_pipeline.rs = rs_pipeline.rs_pipeline = true;
+    bulk_dgrad.bulk_dgrad = true;
+    bulk_wgrad.bulk_wgrad = true;
+    rs_dgrad.rs_dgrad = true;
+    all.ag = all.rs = all.bulk_dgrad = all.bulk_wgrad = true;
+    OverlapSettings all_rs_dgrad = all;
+    all_rs_dgrad.bulk_dgrad = all_rs_dgrad.bulk_wgrad = false;
+    all_rs_dgrad.rs_dgrad = all_rs_dgrad.rs_pipeline = true;
+    all_rs_dgrad.num_splits = 3;
+    for (int t : {2, 4})
+        for (const Case& c : {Case{"ag", ag}, Case{"rs ring", rs_ring}, Case{"rs pipeline", rs_pipeline},
+                              Case{"bulk dgrad", bulk_dgrad}, Case{"bulk wgrad", bulk_wgrad}, Case{"rs dgrad", rs_dgrad},
+                              Case{"all (bulk)", all}, Case{"all (rs dgrad, pipeline, 3 splits)", all_rs_dgrad}})
+            compare_overlap_with_plain(t, c.settings, c.name);
+}
 
 // The ring that the overlap schedules will run on: t − 1 hops of sending
 // what one holds to the next rank while receiving from the previous, polled

@@ -77,6 +77,29 @@ int count_lines(const std::string& text) { return int(std::count(text.begin(), t
 
 }  // namespace
 
+// Bad input: a non-zero exit, one line on stderr that says what is wrong,
+// and nothing written.
+namespace {
+
+void expect_clean_failure(const fs::path& dir, const std::string& extra, const std::string& says,
+                          const std::string& config = tiny) {
+    std::string command = tiny_train(dir, extra);
+    command.replace(command.find(tiny), tiny.size(), config);
+    Outcome r = run(command, dir);
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_EQ(count_lines(r.err), 1) << r.err;
+    EXPECT_NE(r.err.find(says), std::string::npos) << "stderr: " << r.err << "expected: " << says;
+    EXPECT_FALSE(fs::exists(dir / "ckpt")) << "a checkpoint directory was left behind";
+    EXPECT_FALSE(fs::exists(dir / "metrics.jsonl")) << "a metrics file was left behind";
+}
+
+fs::path write_file(const fs::path& path, const std::string& text) {
+    std::ofstream(path) << text;
+    return path;
+}
+
+}  // namespace
+
 TEST(Trainer, LossFallsOnTheBible) {
     fs::path dir = scratch_dir();
     Outcome r = run(tiny_train(dir, "train.steps=80 train.warmup_steps=10 train.val_every=80"), dir);
@@ -155,7 +178,6 @@ TEST(Trainer, RunsUnderMpirunOnOneRank) {
 
 namespace {
 
-fs::path write_file(const fs::path& path, const std::string& text);
 
 bool have_mpirun() { return std::system("command -v mpirun > /dev/null 2>&1") == 0; }
 
@@ -194,6 +216,67 @@ TEST(TensorParallelTraining, LossesOfTwoAndFourRanksEqualOneRank) {
                 EXPECT_NEAR(std::stod(split[i]), std::stod(one[i]), 1e-4 * std::stod(one[i])) << "step " << i + 1;
         }
     }
+}
+
+TEST(TensorParallelTraining, EveryOverlapSwitchLeavesTheLossesUnchanged) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not installed";
+    fs::path root = scratch_dir();
+    const std::string only = "parallel.tp_comm_overlap=true parallel.tp_comm_overlap_ag=false "
+                             "parallel.tp_comm_overlap_rs=false parallel.tp_comm_bulk_dgrad=false "
+                             "parallel.tp_comm_bulk_wgrad=false ";
+    const std::vector<std::pair<std::string, std::string>> switches = {
+        {"ag", only + "parallel.tp_comm_overlap_ag=true"},
+        {"rs_ring", only + "parallel.tp_comm_overlap_rs=true"},
+        {"rs_pipeline", only + "parallel.tp_comm_overlap_rs=true parallel.tp_comm_rs_method=pipeline"},
+        {"bulk_dgrad", only + "parallel.tp_comm_bulk_dgrad=true"},
+        {"bulk_wgrad", only + "parallel.tp_comm_bulk_wgrad=true"},
+        {"rs_dgrad", only + "parallel.tp_comm_overlap_rs_dgrad=true"},
+        {"all", "parallel.tp_comm_overlap=true parallel.tp_comm_overlap_rs_dgrad=true"},
+    };
+    for (int t : {2, 4}) {
+        auto losses = [&](const std::string& name, const std::string& flags) {
+            fs::path dir = root / (name + std::to_string(t));
+            fs::create_directories(dir);
+            Outcome r = run(mpirun(t) + tiny_train(dir, short_run + "parallel.tp=" + std::to_string(t) + " " + flags), dir);
+            EXPECT_EQ(r.exit_code, 0) << r.err;
+            return field(dir / "metrics.jsonl", "loss");
+        };
+        std::vector<std::string> off = losses("off", "");
+        ASSERT_EQ(off.size(), 20u);
+        for (const auto& [name, flags] : switches) {
+            SCOPED_TRACE("t=" + std::to_string(t) + " " + name);
+            std::vector<std::string> on = losses(name, flags);
+            ASSERT_EQ(on.size(), 20u);
+            EXPECT_NEAR(std::stod(on[0]), std::stod(off[0]), 1e-6 * std::stod(off[0])) << "first step";
+            for (int i = 0; i < 20; i++)
+                EXPECT_NEAR(std::stod(on[i]), std::stod(off[i]), 1e-5 * std::stod(off[i])) << "step " << i + 1;
+        }
+    }
+}
+
+TEST(TensorParallelTraining, OverlapWithoutSequenceParallelIsAClearError) {
+    fs::path dir = scratch_dir();
+    expect_clean_failure(dir, "parallel.tp_comm_overlap=true parallel.sequence_parallel=false",
+                                  "parallel.tp_comm_overlap: the overlap schedules need parallel.sequence_parallel: true");
+}
+
+TEST(TensorParallelTraining, TheTraceShowsComputeAndCommunicationOfEveryRank) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not installed";
+    fs::path dir = scratch_dir();
+    fs::path trace = dir / "trace.json";
+    Outcome r = run(mpirun(2) + tiny_train(dir, short_run + "train.steps=3 parallel.tp=2 parallel.tp_comm_overlap=true "
+                                                "logging.trace=" + trace.string() + " logging.trace_steps=2"),
+                    dir);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    std::string json = read_text(trace);
+    for (const char* needle : {"\"traceEvents\"", "\"pid\": 0, \"tid\": 0", "\"pid\": 1, \"tid\": 1",
+                               "ring all-gather", "ring reduce-scatter", "bulk all-gather", "\"fc1\"", "rank 1"})
+        EXPECT_NE(json.find(needle), std::string::npos) << "the trace lacks " << needle;
+    std::vector<std::string> exposed = field(dir / "metrics.jsonl", "exposed_comm_ms");
+    std::vector<std::string> total = field(dir / "metrics.jsonl", "comm_ms");
+    ASSERT_EQ(exposed.size(), 3u);
+    EXPECT_GT(std::stod(total[2]), 0.0);
+    EXPECT_LE(std::stod(exposed[2]), std::stod(total[2]));
 }
 
 TEST(TensorParallelTraining, CollectiveBytesAreWhatTheLayoutImplies) {
@@ -301,29 +384,7 @@ TEST(TensorParallelTraining, ALayoutThatDoesNotFitIsOneLineFromRankZero) {
 }
 
 // ----------------------------------------------------------------------------
-// bad input: a non-zero exit, one line on stderr that says what is wrong,
-// and nothing written.
-
-namespace {
-
-void expect_clean_failure(const fs::path& dir, const std::string& extra, const std::string& says,
-                          const std::string& config = tiny) {
-    std::string command = tiny_train(dir, extra);
-    command.replace(command.find(tiny), tiny.size(), config);
-    Outcome r = run(command, dir);
-    EXPECT_NE(r.exit_code, 0);
-    EXPECT_EQ(count_lines(r.err), 1) << r.err;
-    EXPECT_NE(r.err.find(says), std::string::npos) << "stderr: " << r.err << "expected: " << says;
-    EXPECT_FALSE(fs::exists(dir / "ckpt")) << "a checkpoint directory was left behind";
-    EXPECT_FALSE(fs::exists(dir / "metrics.jsonl")) << "a metrics file was left behind";
-}
-
-fs::path write_file(const fs::path& path, const std::string& text) {
-    std::ofstream(path) << text;
-    return path;
-}
-
-}  // namespace
+// bad input
 
 TEST(BadInput, MalformedYaml) {
     fs::path dir = scratch_dir();
