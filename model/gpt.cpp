@@ -240,6 +240,14 @@ void GPT::init_random(uint64_t seed) {
 // ----------------------------------------------------------------------------
 // forward
 
+// Puts a span of compute on the trace, when one is being recorded.
+template <class F>
+static void traced(Communicator* group, const char* name, F&& f) {
+    double start = now_seconds();
+    f();
+    if (group->tracer) group->tracer->record(name, Track::compute, start, now_seconds());
+}
+
 // Dropout boxes: where this rank's tensors sit in the global ones, whose
 // element order is [B_global, s, h] for token tensors and
 // [B_global, a, s, s] for attention probabilities.
@@ -265,8 +273,10 @@ void GPT::block_forward(int l, float* block_out, const DropoutStep& draw, float 
     layernorm_forward(a.ln1_out, a.ln1_in, params.ln1w + l * C, params.ln1b + l * C, N_local, C);
     linears_->column_forward("qkv", a.qkv, a.ln1_out, workspace.gathered, params.qkvw + int64_t(l) * 3 * Ct * C,
                              params.qkvb + l * 3 * Ct, C, 3 * Ct);
-    attention_forward(a.attn_out, a.softmax_out, a.attn_dropout_mask, a.attn_dropout_out, a.qkv, B, T, Ct, heads,
-                      p, probs, key(DropoutSite::attention_probs));
+    traced(group_, "attention", [&] {
+        attention_forward(a.attn_out, a.softmax_out, a.attn_dropout_mask, a.attn_dropout_out, a.qkv, B, T, Ct, heads,
+                          p, probs, key(DropoutSite::attention_probs));
+    });
     float* y = linears_->row_forward("attention proj", a.attn_out, workspace.partial, workspace.branch,
                                      params.attprojw + int64_t(l) * C * Ct, Ct, C);
     bias_forward(y, params.attprojb + l * C, N_local, C);
@@ -277,7 +287,7 @@ void GPT::block_forward(int l, float* block_out, const DropoutStep& draw, float 
     layernorm_forward(a.ln2_out, a.ln2_in, params.ln2w + l * C, params.ln2b + l * C, N_local, C);
     linears_->column_forward("fc1", a.gelu_in, a.ln2_out, workspace.gathered, params.fcw + int64_t(l) * hidden * C,
                              params.fcb + l * hidden, C, hidden);
-    gelu_forward(a.gelu_out, a.gelu_in, int64_t(N) * hidden);
+    traced(group_, "gelu", [&] { gelu_forward(a.gelu_out, a.gelu_in, int64_t(N) * hidden); });
     y = linears_->row_forward("fc2", a.gelu_out, workspace.partial, workspace.branch,
                               params.fcprojw + int64_t(l) * C * hidden, hidden, C);
     bias_forward(y, params.fcprojb + l * C, N_local, C);
@@ -348,7 +358,7 @@ void GPT::block_backward(int l) {
     linears_->row_backward("fc2 backward", w.wide_grad, w.branch, w.gathered, a.gelu_out,
                            params.fcprojw + int64_t(l) * C * hidden, grads.fcprojw + int64_t(l) * C * hidden, hidden,
                            C);
-    gelu_backward(w.wide_grad, a.gelu_in, w.wide_grad, int64_t(N) * hidden);
+    traced(group_, "gelu backward", [&] { gelu_backward(w.wide_grad, a.gelu_in, w.wide_grad, int64_t(N) * hidden); });
     const float* dln = linears_->column_backward("fc1 backward", w.wide_grad, a.ln2_out, w.gathered, w.partial,
                                                  w.local_grad, params.fcw + int64_t(l) * hidden * C,
                                                  grads.fcw + int64_t(l) * hidden * C, grads.fcb + l * hidden, C,
@@ -361,8 +371,10 @@ void GPT::block_backward(int l) {
     bias_backward(grads.attprojb + l * C, w.branch, N_local, C);
     linears_->row_backward("attention proj backward", w.attn_grad, w.branch, w.gathered, a.attn_out,
                            params.attprojw + int64_t(l) * C * Ct, grads.attprojw + int64_t(l) * C * Ct, Ct, C);
-    attention_backward(w.wide_grad, w.attn_grad, a.qkv, a.softmax_out, a.attn_dropout_mask, a.attn_dropout_out,
-                       w.attention_scratch, B, T, Ct, heads, p);
+    traced(group_, "attention backward", [&] {
+        attention_backward(w.wide_grad, w.attn_grad, a.qkv, a.softmax_out, a.attn_dropout_mask, a.attn_dropout_out,
+                           w.attention_scratch, B, T, Ct, heads, p);
+    });
     dln = linears_->column_backward("qkv backward", w.wide_grad, a.ln1_out, w.gathered, w.partial, w.local_grad,
                                     params.qkvw + int64_t(l) * 3 * Ct * C, grads.qkvw + int64_t(l) * 3 * Ct * C,
                                     grads.qkvb + l * 3 * Ct, C, 3 * Ct);

@@ -9,18 +9,27 @@ namespace tpsp {
 
 namespace {
 
-// Runs f(first_row, rows) over [0, rows) in about eight tiles, polling
-// between them so that transfers in flight keep moving.
+// Runs f(first_row, rows) over [0, rows) in up to four tiles of at least 64
+// rows, polling between them so that transfers in flight keep moving; once
+// nothing is in flight the rest is one GEMM. More tiles poll more often but
+// make smaller, slower GEMMs.
 template <class Poll, class F>
 void in_row_tiles(int rows, const Poll& poll, F&& f) {
-    const int tile = std::max(1, (rows + 7) / 8);
-    for (int r0 = 0; r0 < rows; r0 += tile) {
-        f(r0, std::min(tile, rows - r0));
+    const int tile = std::max(std::min(64, rows), (rows + 3) / 4);
+    for (int r0 = 0; r0 < rows;) {
+        const int count = poll.idle() ? rows - r0 : std::min(tile, rows - r0);
+        f(r0, count);
+        r0 += count;
         poll();
     }
 }
 
-const auto no_poll = [] {};
+// For the same code on the paths with nothing to overlap.
+struct NoPoll {
+    void operator()() const {}
+    bool idle() const { return true; }
+};
+const NoPoll no_poll;
 
 // A span of compute on the trace.
 struct ComputeSpan {
@@ -82,8 +91,9 @@ const float* ParallelLinears::column_backward(const char* name, const float* dou
         return mappings_.g_backward(partial, local_grad, size_t(N_) * C);
     }
     if (overlap_.rs_dgrad) {
-        // the dgrad reduce-scattered part by part as its GEMM produces it; wgrad while the last parts drain
-        group_->all_gather(x_local, gathered, shard);
+        // the dgrad reduce-scattered part by part as its GEMM produces it, the
+        // re-gather of x in flight meanwhile; wgrad while the last parts drain
+        Transfer gather = group_->start_all_gather(x_local, gathered, shard, "all-gather for wgrad");
         pipelined_reduce_scatter_overlapped(
             *group_, local_grad, partial, shard, overlap_.num_splits, size_t(C),
             [&](int, size_t begin, size_t end, float* part, const Poll& poll) {
@@ -95,7 +105,11 @@ const float* ParallelLinears::column_backward(const char* name, const float* dou
                     poll();
                 }
             },
-            wgrad);
+            [&](const Poll& poll) {
+                group_->wait(gather);
+                wgrad(poll);
+            },
+            &gather);
         return local_grad;
     }
     if (overlap_.bulk_dgrad) all_gather_during(*group_, x_local, gathered, shard, dgrad);

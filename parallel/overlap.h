@@ -27,6 +27,12 @@ public:
     void operator()() const {
         for (int i = 0; i < n_; i++) comm_.test(*watched_[i]);
     }
+    // Nothing left in flight: the compute side may stop tiling.
+    bool idle() const {
+        for (int i = 0; i < n_; i++)
+            if (watched_[i]->active) return false;
+        return true;
+    }
 
 private:
     Communicator& comm_;
@@ -94,10 +100,11 @@ void ring_reduce_scatter_overlapped(Communicator& comm, float* local, float* scr
 // parts: produce(split, begin, end, packed, poll) writes elements
 // [begin, end) of every rank's block, packed as [t, end − begin]; that part
 // is reduce-scattered while the next is produced. then(poll) runs while the
-// last parts drain. packed: t · count floats.
+// last parts drain. packed: t · count floats. `also`: another transfer of
+// the caller's to keep moving meanwhile (or null).
 template <class Produce, class Then>
 void pipelined_reduce_scatter_overlapped(Communicator& comm, float* local, float* packed, size_t count, int splits,
-                                         size_t granule, Produce&& produce, Then&& then) {
+                                         size_t granule, Produce&& produce, Then&& then, Transfer* also = nullptr) {
     const int t = comm.size();
     Transfer inflight[2];
     for (int k = 0; k < splits; k++) {
@@ -105,11 +112,11 @@ void pipelined_reduce_scatter_overlapped(Communicator& comm, float* local, float
         size_t granules = count / granule;
         size_t begin = granules * k / splits * granule, end = granules * (k + 1) / splits * granule;
         float* part = packed + size_t(t) * begin;
-        produce(k, begin, end, part, Poll(comm, {&inflight[0], &inflight[1]}));
+        produce(k, begin, end, part, Poll(comm, {&inflight[0], &inflight[1], also}));
         comm.wait(inflight[k % 2]);  // at most two parts in flight
         inflight[k % 2] = comm.start_reduce_scatter(part, local + begin, end - begin, "pipelined reduce-scatter");
     }
-    then(Poll(comm, {&inflight[0], &inflight[1]}));
+    then(Poll(comm, {&inflight[0], &inflight[1], also}));
     comm.wait(inflight[0]);
     comm.wait(inflight[1]);
 }

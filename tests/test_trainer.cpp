@@ -279,6 +279,22 @@ TEST(TensorParallelTraining, TheTraceShowsComputeAndCommunicationOfEveryRank) {
     EXPECT_LE(std::stod(exposed[2]), std::stod(total[2]));
 }
 
+TEST(TensorParallelTraining, TheEmulatedLinkIsANestedMapInTheConfig) {
+    fs::path dir = scratch_dir();
+    fs::path config = write_file(dir / "link.yaml", "parallel:\n  emulated_link: {gbps: 2.5, latency_us: 7}\n");
+    std::string command = tiny_train(dir, "train.steps=1 train.val_every=0");
+    command.replace(command.find(tiny), tiny.size(), config.string());
+    Outcome r = run(command, dir);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find("emulated link: 2.5 Gbit/s, 7 µs per message"), std::string::npos) << r.out;
+    fs::path typo = write_file(dir / "typo.yaml", "parallel:\n  emulated_link:\n    gbs: 2\n");
+    command = tiny_train(dir, "train.steps=1");
+    command.replace(command.find(tiny), tiny.size(), typo.string());
+    r = run(command, dir);
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.err.find("typo.yaml:3: unknown key parallel.emulated_link.gbs"), std::string::npos) << r.err;
+}
+
 TEST(TensorParallelTraining, CollectiveBytesAreWhatTheLayoutImplies) {
     if (!have_mpirun()) GTEST_SKIP() << "mpirun not installed";
     fs::path root = scratch_dir();

@@ -282,6 +282,7 @@ int train(const Config& cfg) {
         const float lr = schedule.at(step);
         opt.update(model, lr, clip, step + 1);
         const double seconds = seconds_since(start);
+        tracer.record("step", Track::compute, now_seconds() - seconds, now_seconds());
         const CollectiveBytes moved = grid.tp_group.bytes;
         const CommunicationTime comm = grid.tp_group.time;
 

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The overlap benchmark: step time, communication time and exposed
+# communication per mode, at t = 2 (and t = 4, though 4 ranks on 2 cores
+# share them, so only t = 2 is judged), with and without an emulated link
+# slow enough that the collectives take about as long as the GEMMs they are
+# paired with. configs/overlap_bench.yaml, 8 steps each, the figures the
+# mean of steps 3–8. Also writes runs/overlap/trace_{off,on}.json and, where
+# Debian's python3-matplotlib is installed, runs/overlap/trace.png.
+#   scripts/bench_overlap.sh [GBPS] [LATENCY_US]   (default 2 Gbit/s, 5 µs)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ -x build/tpsp ] || scripts/build.sh
+scripts/prepare_corpus.sh > /dev/null
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_pml=ob1 OMP_NUM_THREADS=1
+gbps=${1:-2}
+latency=${2:-5}
+link="parallel.emulated_link.gbps=$gbps parallel.emulated_link.latency_us=$latency"
+out=runs/overlap
+mkdir -p $out
+
+# mean of a metrics field over steps 3..8
+mean() { awk -v key="\"$2\": " '{ i = index($0, key); if (i && ++n > 2) { s += substr($0, i + length(key)) + 0; m++ } }
+                                 END { printf "%.1f", m ? s / m : 0 }' "$1"; }
+
+measure() {  # t, flags... -> "step_ms comm_ms exposed_ms"
+  local t=$1; shift
+  mpirun --oversubscribe -np $t build/tpsp train configs/overlap_bench.yaml parallel.tp=$t \
+    logging.metrics=$out/m.jsonl "$@" > /dev/null
+  echo "$(mean $out/m.jsonl ms) $(mean $out/m.jsonl comm_ms) $(mean $out/m.jsonl exposed_comm_ms)"
+}
+
+pair() {  # t, label, flags...: the mode without and with the emulated link
+  local t=$1 label=$2; shift 2
+  read -r plain_ms plain_comm plain_exposed <<< "$(measure $t "$@")"
+  read -r link_ms link_comm link_exposed <<< "$(measure $t "$@" $link)"
+  awk -v t=$t -v label="$label" -v pm=$plain_ms -v pc=$plain_comm -v pe=$plain_exposed \
+      -v lm=$link_ms -v lc=$link_comm -v le=$link_exposed 'BEGIN {
+    printf "| %d | %s | %.0f | %.0f / %.0f | %.0f | %.0f / %.0f (%.0f %%) | %.2f× |\n",
+           t, label, pm, pc, pe, lm, lc, le, (lc > 0 ? 100 * le / lc : 0), lm / pm }'
+}
+
+echo "emulated link: $gbps Gbit/s, $latency µs per message"
+echo
+echo "| t | mode | step ms | comm / exposed ms | step ms, emulated link | comm / exposed ms, emulated link | link / no link |"
+echo "|---|---|---|---|---|---|---|"
+for t in 2 4; do
+  pair $t "overlap off" parallel.tp_comm_overlap=false
+  pair $t "overlap on (Megatron's defaults: ag, rs ring, bulk dgrad + wgrad)" parallel.tp_comm_overlap=true
+  pair $t "every switch on (ag, rs ring, rs_dgrad)" parallel.tp_comm_overlap=true parallel.tp_comm_overlap_rs_dgrad=true
+  pair $t "every switch on (ag, rs pipeline, rs_dgrad)" parallel.tp_comm_overlap=true \
+    parallel.tp_comm_overlap_rs_dgrad=true parallel.tp_comm_rs_method=pipeline
+done
+
+# traces of one step at t = 2 on the emulated link, overlap off and every switch on
+for mode in off on; do
+  flag=$([ $mode = on ] && echo true || echo false)
+  mpirun --oversubscribe -np 2 build/tpsp train configs/overlap_bench.yaml parallel.tp=2 train.steps=3 $link \
+    parallel.tp_comm_overlap=$flag parallel.tp_comm_overlap_rs_dgrad=true \
+    logging.trace=$out/trace_$mode.json logging.trace_steps=3 > /dev/null
+done
+if /usr/bin/python3 -c "import matplotlib" 2> /dev/null; then
+  /usr/bin/python3 scripts/plot_trace.py $out/trace_off.json $out/trace_on.json -o $out/trace.png \
+    --labels "overlap off, emulated link" "every switch on, emulated link"
+fi
