@@ -32,13 +32,23 @@ GPTConfig tiny_config() {
 
 const RunShape shape{3, 16, 0.1f};
 
+// The world's 4 ranks as TP groups of t adjacent ranks.
+struct TpGroup {
+    explicit TpGroup(int t) {
+        int world_rank;
+        MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+        MPI_Comm_split(MPI_COMM_WORLD, world_rank / t, world_rank % t, &comm);
+        group = Communicator(comm);
+    }
+    ~TpGroup() { MPI_Comm_free(&comm); }
+    MPI_Comm comm;
+    Communicator group;
+};
+
 void compare_with_one_rank(int t, bool sequence_parallel) {
     SCOPED_TRACE("t=" + std::to_string(t) + (sequence_parallel ? " TP+SP" : " TP only"));
-    int world_rank;
-    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
-    MPI_Comm comm;
-    MPI_Comm_split(MPI_COMM_WORLD, world_rank / t, world_rank % t, &comm);
-    Communicator group(comm);
+    TpGroup tp_group(t);
+    Communicator& group = tp_group.group;
     const GPTConfig config = tiny_config();
     const int N = shape.batch * shape.seq_len;
     std::vector<int> tokens = tpsp::testing::random_tokens(N, config.vocab_size, 99);
@@ -95,7 +105,6 @@ void compare_with_one_rank(int t, bool sequence_parallel) {
     int64_t formula = block_activation_formula_bytes(B, S, C, config.num_heads, 4, t, sequence_parallel);
     std::vector<TensorSpec> outside = outside_activation_table(config, shape, tp, &split.outside);
     EXPECT_EQ(int64_t(split.activation_arena.bytes()), config.num_layers * formula + int64_t(table_bytes(outside)));
-    MPI_Comm_free(&comm);
 }
 
 }  // namespace
@@ -109,11 +118,8 @@ TEST(TensorParallel, FourRanksTensorOnlyEqualOneRank) { compare_with_one_rank(4,
 // without overlap: the loss and every gradient shard to 1e-5.
 void compare_overlap_with_plain(int t, const OverlapSettings& overlap, const std::string& what) {
     SCOPED_TRACE("t=" + std::to_string(t) + " " + what);
-    int world_rank;
-    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
-    MPI_Comm comm;
-    MPI_Comm_split(MPI_COMM_WORLD, world_rank / t, world_rank % t, &comm);
-    Communicator group(comm);
+    TpGroup tp_group(t);
+    Communicator& group = tp_group.group;
     const GPTConfig config = tiny_config();
     const int N = shape.batch * shape.seq_len;
     std::vector<int> tokens = tpsp::testing::random_tokens(N, config.vocab_size, 5);
@@ -137,7 +143,6 @@ void compare_overlap_with_plain(int t, const OverlapSettings& overlap, const std
             }
         }
     }
-    MPI_Comm_free(&comm);
 }
 
 TEST(Overlap, EverySwitchAloneAndAllTogetherLeaveTheNumbersUnchanged) {
