@@ -4,7 +4,7 @@
 //   tpsp eval    CONFIG.yaml checkpoint.init=FILE
 //   tpsp memory  CONFIG.yaml [section.key=value ...]
 //   tpsp bench   CONFIG.yaml [section.key=value ...] [--steps N]
-//   tpsp prepare --tokenizer byte INPUT.txt OUT_DIR [--val-fraction F]
+//   tpsp prepare --tokenizer byte|gpt2 INPUT... OUT_DIR [options]
 //   tpsp config-reference
 #include <mpi.h>
 #include <omp.h>
@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "data/byte_tokenizer.h"
+#include "data/prepare.h"
 #include "model/checkpoint.h"
 #include "model/memory_report.h"
 #include "train/benchmark.h"
@@ -32,8 +32,8 @@ static const char* usage =
     "  tpsp memory  CONFIG.yaml [section.key=value ...]   print the activation table and its formula\n"
     "  tpsp bench   CONFIG.yaml [section.key=value ...] [--steps N]\n"
     "                                                     time forward+backward: ms, tokens/s, MFU\n"
-    "  tpsp prepare --tokenizer byte INPUT.txt OUT_DIR [--val-fraction F]\n"
-    "                                                     text -> llm.c token shards\n"
+    "  tpsp prepare --tokenizer byte|gpt2 INPUT... OUT_DIR [--val-fraction F] [--shard-tokens N]\n"
+    "               [--tokenizer-dir DIR]                 text -> llm.c token shards\n"
     "  tpsp config-reference                              every config key, its type and default\n";
 
 // Splits "CONFIG key=value ... [--flag value ...]" into its parts.
@@ -84,22 +84,29 @@ static int command_bench(const ConfigArgs& args) {
 }
 
 static int command_prepare(int argc, char** argv) {
-    std::string tokenizer, input, out_dir;
+    std::vector<std::string> paths;  // the inputs, then OUT_DIR last
     PrepareOptions options;
+    options.tokenizer.clear();
+    options.tokenizer_dir = "data/gpt2_tokenizer";
     for (int i = 2; i < argc; i++) {
         std::string a = argv[i];
-        if (a == "--tokenizer" && i + 1 < argc) tokenizer = argv[++i];
-        else if (a == "--val-fraction" && i + 1 < argc) options.val_fraction = std::atof(argv[++i]);
+        bool has_value = i + 1 < argc;
+        if (a == "--tokenizer" && has_value) options.tokenizer = argv[++i];
+        else if (a == "--tokenizer-dir" && has_value) options.tokenizer_dir = argv[++i];
+        else if (a == "--val-fraction" && has_value) options.val_fraction = std::atof(argv[++i]);
+        else if (a == "--shard-tokens" && has_value) options.shard_tokens = std::atoll(argv[++i]);
         else if (a.rfind("--", 0) == 0) throw ConfigError("tpsp prepare: unknown option " + a);
-        else if (input.empty()) input = a;
-        else if (out_dir.empty()) out_dir = a;
-        else throw ConfigError("tpsp prepare: unexpected argument '" + a + "'");
+        else paths.push_back(a);
     }
-    if (tokenizer != "byte") throw ConfigError("tpsp prepare: --tokenizer must be 'byte' (got '" + tokenizer + "')");
-    if (input.empty() || out_dir.empty()) throw ConfigError("tpsp prepare: need INPUT.txt and OUT_DIR");
+    if (options.tokenizer != "byte" && options.tokenizer != "gpt2")
+        throw ConfigError("tpsp prepare: --tokenizer must be byte or gpt2 (got '" + options.tokenizer + "')");
+    if (paths.size() < 2) throw ConfigError("tpsp prepare: need INPUT... and OUT_DIR");
     if (!(options.val_fraction > 0 && options.val_fraction < 1))
         throw ConfigError("tpsp prepare: --val-fraction must be in (0, 1)");
-    prepare_byte_shards(input, out_dir, options);
+    if (options.shard_tokens < 1) throw ConfigError("tpsp prepare: --shard-tokens must be ≥ 1");
+    std::string out_dir = paths.back();
+    paths.pop_back();
+    prepare_shards(paths, out_dir, options);
     return 0;
 }
 
