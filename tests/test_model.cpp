@@ -11,6 +11,7 @@
 
 #include "model/gpt.h"
 #include "model/memory_report.h"
+#include "model/sampler.h"
 #include "tests/test_support.h"
 #include "train/adamw.h"
 
@@ -237,4 +238,42 @@ TEST(Memory, NothingOutsideTheTableIsKeptAcrossForwardAndBackward) {
         (poison ? poisoned : clean).assign(model.grads.wte, model.grads.wte + model.num_parameters);
     }
     EXPECT_EQ(clean, poisoned);
+}
+
+// ----------------------------------------------------------------------------
+// generation
+
+TEST(Sampling, TheKvCacheGivesTheLogitsAndTokensOfRecomputingFromScratch) {
+    GPTConfig c = small_config();  // maxT 9
+    GPT weights(c, {1, 1, 0.0f});
+    weights.init_random(21);
+    for (int64_t i = 0; i < weights.num_parameters; i++) weights.params.wte[i] *= 4.0f;  // sharper distributions
+    Generator cached(c, weights.params.wte);
+    std::vector<int> tokens = {3};
+    const float* logits = cached.step(tokens[0]);
+    for (int position = 1; position < c.max_seq_len; position++) {
+        // the whole prefix through the training forward pass, on the same weights
+        GPT full(c, {1, position, 0.0f});
+        std::memcpy(full.params.wte, weights.params.wte, size_t(weights.num_parameters) * 4);
+        std::vector<int> targets(tokens.size(), 0);
+        full.forward(tokens.data(), targets.data(), {}, false);
+        const float* recomputed = full.outside.logits + size_t(position - 1) * c.padded_vocab_size;
+        EXPECT_LT(tpsp::testing::relative_error(logits, recomputed, c.vocab_size), 1e-5) << "position " << position;
+        float coin = 0.37f * float(position % 3);
+        int next = sample_token(logits, c.vocab_size, 0.9f, 5, coin);
+        EXPECT_EQ(next, sample_token(recomputed, c.vocab_size, 0.9f, 5, coin)) << "position " << position;
+        tokens.push_back(next);
+        logits = cached.step(next);
+    }
+    EXPECT_EQ(cached.position(), c.max_seq_len);
+}
+
+TEST(Sampling, TemperatureZeroIsArgmaxAndTopKStaysInTheTopK) {
+    std::vector<float> logits = {0.1f, 2.0f, -1.0f, 1.5f, 0.0f};
+    EXPECT_EQ(sample_token(logits.data(), 5, 0.0f, 0, 0.99f), 1);
+    for (float coin : {0.0f, 0.3f, 0.6f, 0.999f}) {
+        int t = sample_token(logits.data(), 5, 1.0f, 2, coin);
+        EXPECT_TRUE(t == 1 || t == 3) << t;
+    }
+    EXPECT_EQ(sample_token(logits.data(), 5, 1.0f, 0, 0.0f), 1);  // the smallest coin takes the likeliest
 }

@@ -3,6 +3,7 @@
 // ending in one clear line and no file left behind.
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -111,6 +112,53 @@ TEST(Trainer, LossFallsOnTheBible) {
     EXPECT_LT(last, first - 2.5) << "80 steps must take at least 2.5 nats off";
     ASSERT_EQ(field(dir / "metrics.jsonl", "val_loss").size(), 1u);
     EXPECT_LT(std::stod(field(dir / "metrics.jsonl", "val_loss")[0]), 3.0);
+}
+
+TEST(Trainer, SamplesOfATrainedModelAreTextOfTheCorpusAlphabet) {
+    fs::path dir = scratch_dir();
+    Outcome r = run(tiny_train(dir, "train.steps=300 train.warmup_steps=30 train.val_every=0 logging.sample_every=300"), dir);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find("sample at step 300: "), std::string::npos) << "the trainer prints its sample";
+    Outcome sample = run(tpsp_binary + " sample " + (dir / "ckpt" / "model_00000300.bin").string() +
+                             " --prompt 'And God said' --tokens 100 --temperature 0.8 --seed 7",
+                         dir);
+    ASSERT_EQ(sample.exit_code, 0) << sample.err;
+    std::string corpus_text = read_text(fs::path(corpus) / "kjv.txt");
+    bool in_corpus[256] = {};
+    for (unsigned char c : corpus_text) in_corpus[c] = true;
+    ASSERT_GE(sample.out.size(), 112u);
+    EXPECT_EQ(sample.out.rfind("And God said", 0), 0u);
+    int letters = 0;
+    for (unsigned char c : sample.out) {
+        EXPECT_TRUE(in_corpus[c] || c == '\n') << "byte " << int(c) << " is not in the corpus";
+        letters += std::isalpha(c) != 0;
+    }
+    EXPECT_GT(letters, 60) << sample.out;
+}
+
+TEST(Trainer, PreparesGpt2TokenShards) {
+    const std::string tokenizer_dir = std::string(TPSP_BINARY_DIR) + "/gpt2_tokenizer";
+    if (!fs::exists(tokenizer_dir + "/encoder.json")) GTEST_SKIP() << "GPT-2 tokenizer files not fetched";
+    fs::path dir = scratch_dir();
+    Outcome r = run(tpsp_binary + " prepare --tokenizer gpt2 --tokenizer-dir " + tokenizer_dir + " " + corpus +
+                        "/kjv.txt " + (dir / "shards").string() + " --shard-tokens 400000",
+                    dir);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find("(vocabulary 50257)"), std::string::npos) << r.out;
+    EXPECT_NE(r.err.find("MB/s"), std::string::npos) << "a progress bar with MB/s";
+    EXPECT_TRUE(fs::exists(dir / "shards" / "train_000001.bin")) << "shards of --shard-tokens";
+    EXPECT_TRUE(fs::exists(dir / "shards" / "val_000000.bin"));
+    EXPECT_TRUE(fs::exists(dir / "shards" / "gpt2_tokenizer.bin"));
+    tpsp::TokenLoader loader((dir / "shards" / "train_*.bin").string(), 4, 64, 0, 1);
+    std::vector<int> inputs(256), targets(256);
+    loader.next_batch(inputs.data(), targets.data());
+    EXPECT_EQ(inputs[0], 50256) << "the document starts with <|endoftext|>";
+    fs::path bad = write_file(dir / "bad.txt", "fine \xff\xfe not\n");
+    r = run(tpsp_binary + " prepare --tokenizer gpt2 --tokenizer-dir " + tokenizer_dir + " " + bad.string() + " " +
+                (dir / "bad").string(),
+            dir);
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.err.find("bad.txt: invalid UTF-8 at byte offset 5"), std::string::npos) << r.err;
 }
 
 TEST(Trainer, ResumeReproducesTheUninterruptedRunBitForBit) {

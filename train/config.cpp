@@ -105,6 +105,8 @@ const std::vector<Key>& keys() {
                    "glob of training token shards (llm.c format)"),
         string_key("data.val", [](Config& c) -> std::string& { return c.data.val; }, {},
                    "glob of validation token shards; \"\" for none"),
+        string_key("data.tokenizer", [](Config& c) -> std::string& { return c.data.tokenizer; }, {},
+                   "llm.c gpt2_tokenizer.bin that decodes samples of a GPT-2-vocabulary model"),
         int_key("train.batch_size", [](Config& c) -> int& { return c.train.batch_size; }, 1, "micro-batch b"),
         int_key("train.seq_len", [](Config& c) -> int& { return c.train.seq_len; }, 1, "sequence length s"),
         int_key("train.grad_accum", [](Config& c) -> int& { return c.train.grad_accum; }, 1,
@@ -177,6 +179,10 @@ const std::vector<Key>& keys() {
                    "write JSON lines of metrics here (appended to on resume)"),
         string_key("logging.trace", [](Config& c) -> std::string& { return c.logging.trace; }, {},
                    "write a Chrome trace (Perfetto) of every rank's compute and communication here"),
+        int_key("logging.sample_every", [](Config& c) -> int& { return c.logging.sample_every; }, 0,
+                "print a short sample every N steps; 0 is never"),
+        int_key("logging.sample_tokens", [](Config& c) -> int& { return c.logging.sample_tokens; }, 1,
+                "tokens per sample"),
         int_key("logging.trace_steps", [](Config& c) -> int& { return c.logging.trace_steps; }, 1,
                 "steps the trace covers (from the first)"),
     };
@@ -236,6 +242,8 @@ void validate(const Config& c, const std::string& where) {
     must_divide("model.channels", c.model.channels);
     must_divide("the padded vocabulary (model.padded_vocab_size)", padded);
     if (c.parallel.sequence_parallel) must_divide("train.seq_len (sequence parallelism shards it)", c.train.seq_len);
+    if (c.logging.sample_every > 0 && c.model.vocab_size != 256 && c.data.tokenizer.empty())
+        fail("data.tokenizer", "logging.sample_every needs the tokenizer file that decodes GPT-2 tokens");
     if (c.parallel.tp_comm_overlap && !c.parallel.sequence_parallel)
         fail("parallel.tp_comm_overlap", "the overlap schedules need parallel.sequence_parallel: true");
     if (!c.checkpoint.init.empty() && !c.checkpoint.resume.empty())

@@ -28,6 +28,7 @@ struct Config {
     struct Data {
         std::string train = "data/kjv/train_*.bin";
         std::string val = "data/kjv/val_*.bin";
+        std::string tokenizer;  // llm.c's gpt2_tokenizer.bin, to print samples of a GPT-2-vocabulary model
     } data;
     struct Train {
         int batch_size = 16, seq_len = 128, grad_accum = 1;
@@ -66,6 +67,8 @@ struct Config {
         std::string metrics;
         std::string trace;    // Chrome trace of the first trace_steps steps
         int trace_steps = 3;
+        int sample_every = 0;  // 0: never
+        int sample_tokens = 64;
     } logging;
 
     GPTConfig gpt() const;

@@ -5,6 +5,7 @@
 //   tpsp memory  CONFIG.yaml [section.key=value ...]
 //   tpsp bench   CONFIG.yaml [section.key=value ...] [--steps N]
 //   tpsp prepare --tokenizer byte|gpt2 INPUT... OUT_DIR [options]
+//   tpsp sample  CHECKPOINT [--prompt TEXT] [--tokens N] ...
 //   tpsp config-reference
 #include <mpi.h>
 #include <omp.h>
@@ -16,11 +17,13 @@
 #include <string>
 #include <vector>
 
+#include "data/gpt2_tokenizer.h"
 #include "data/prepare.h"
 #include "model/checkpoint.h"
 #include "model/memory_report.h"
 #include "train/benchmark.h"
 #include "train/config.h"
+#include "train/sample.h"
 #include "train/trainer.h"
 
 using namespace tpsp;
@@ -34,6 +37,8 @@ static const char* usage =
     "                                                     time forward+backward: ms, tokens/s, MFU\n"
     "  tpsp prepare --tokenizer byte|gpt2 INPUT... OUT_DIR [--val-fraction F] [--shard-tokens N]\n"
     "               [--tokenizer-dir DIR]                 text -> llm.c token shards\n"
+    "  tpsp sample  CHECKPOINT [--prompt TEXT] [--tokens N] [--temperature T] [--top-k K] [--seed S]\n"
+    "               [--tokenizer-dir DIR]                 generate text (KV cache), printed as it comes\n"
     "  tpsp config-reference                              every config key, its type and default\n";
 
 // Splits "CONFIG key=value ... [--flag value ...]" into its parts.
@@ -110,6 +115,34 @@ static int command_prepare(int argc, char** argv) {
     return 0;
 }
 
+static int command_sample(int argc, char** argv) {
+    std::string checkpoint;
+    SampleOptions options;
+    for (int i = 2; i < argc; i++) {
+        std::string a = argv[i];
+        bool has_value = i + 1 < argc;
+        auto number = [&](const char* what) {
+            char* end = nullptr;
+            double v = std::strtod(argv[++i], &end);
+            if (*end) throw ConfigError(std::string("tpsp sample: ") + what + ": expected a number, got '" + argv[i] + "'");
+            return v;
+        };
+        if (a == "--prompt" && has_value) options.prompt = argv[++i];
+        else if (a == "--tokens" && has_value) options.tokens = int(number("--tokens"));
+        else if (a == "--temperature" && has_value) options.temperature = float(number("--temperature"));
+        else if (a == "--top-k" && has_value) options.top_k = int(number("--top-k"));
+        else if (a == "--seed" && has_value) options.seed = uint64_t(number("--seed"));
+        else if (a == "--tokenizer-dir" && has_value) options.tokenizer_dir = argv[++i];
+        else if (a.rfind("--", 0) == 0) throw ConfigError("tpsp sample: unknown option (or missing value) " + a);
+        else if (checkpoint.empty()) checkpoint = a;
+        else throw ConfigError("tpsp sample: unexpected argument '" + a + "'");
+    }
+    if (checkpoint.empty()) throw ConfigError("tpsp sample: missing CHECKPOINT");
+    if (options.tokens < 0 || options.temperature < 0 || options.top_k < 0)
+        throw ConfigError("tpsp sample: --tokens, --temperature and --top-k must be ≥ 0");
+    return sample_command(checkpoint, options);
+}
+
 static int world_rank() {
     int rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -148,6 +181,7 @@ static int run_command(int argc, char** argv) {
         if (command == "memory") return command_memory(parse_config_args(argc, argv, 2));
         if (command == "bench") return command_bench(parse_config_args(argc, argv, 2));
         if (command == "prepare") return command_prepare(argc, argv);
+        if (command == "sample") return command_sample(argc, argv);
         if (command == "config-reference") {
             std::fputs(config_reference().c_str(), stdout);
             return 0;
@@ -157,6 +191,8 @@ static int run_command(int argc, char** argv) {
     } catch (const ConfigError& e) {
         if (lead) std::fprintf(stderr, "tpsp: config error: %s\n", e.what());
     } catch (const FileError& e) {
+        if (lead) std::fprintf(stderr, "tpsp: error: %s\n", e.what());
+    } catch (const TokenizerError& e) {
         if (lead) std::fprintf(stderr, "tpsp: error: %s\n", e.what());
     } catch (const std::bad_alloc&) {
         if (lead) std::fprintf(stderr, "tpsp: error: out of memory (reduce train.batch_size or the model)\n");

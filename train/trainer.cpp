@@ -18,6 +18,8 @@
 #include "parallel/process_grid.h"
 #include "train/adamw.h"
 #include "train/benchmark.h"
+#include "train/sample.h"
+#include "data/gpt2_tokenizer.h"
 
 namespace tpsp {
 
@@ -177,6 +179,7 @@ int train(const Config& cfg) {
     std::unique_ptr<GPT> model_owner;
     std::unique_ptr<AdamW> opt_owner;
     std::unique_ptr<ShardGatherer> gatherer;
+    std::vector<std::string> token_text;  // what each token prints as, for samples
     FILE* metrics = nullptr;
     int start_step = 0;
     bool ready = on_every_rank([&] {
@@ -200,7 +203,14 @@ int train(const Config& cfg) {
         opt_owner = std::make_unique<AdamW>(*model_owner, AdamWSettings{cfg.train.beta1, cfg.train.beta2,
                                                                         cfg.train.eps, cfg.train.weight_decay,
                                                                         cfg.train.decay_all});
-        if (!cfg.checkpoint.dir.empty()) gatherer = std::make_unique<ShardGatherer>(*model_owner, grid);
+        if (!cfg.checkpoint.dir.empty() || cfg.logging.sample_every > 0)
+            gatherer = std::make_unique<ShardGatherer>(*model_owner, grid);
+        if (cfg.logging.sample_every > 0) {
+            if (gc.vocab_size == 256)
+                for (int b = 0; b < 256; b++) token_text.push_back(std::string(1, char(b)));
+            else
+                token_text = read_llmc_tokenizer(cfg.data.tokenizer).token_bytes;
+        }
         if (!cfg.checkpoint.resume.empty()) {
             Resumed r = load_run(cfg.checkpoint.resume, *model_owner, *opt_owner);
             start_step = r.step;
@@ -314,6 +324,18 @@ int train(const Config& cfg) {
             if (!std::isnan(val)) std::fprintf(metrics, ", \"val_loss\": %.9g", val);
             std::fprintf(metrics, "}\n");
             std::fflush(metrics);
+        }
+        if (cfg.logging.sample_every > 0 && (done % cfg.logging.sample_every == 0 || last) && grid.dp_rank == 0) {
+            const float* full = gatherer->gather(model.params.wte);
+            if (lead) {
+                Generator generator(gc, full);
+                std::string text;
+                std::vector<int> prompt = {gc.vocab_size == 256 ? int('\n') : gpt2_end_of_text};
+                generate(generator, gc, prompt, cfg.logging.sample_tokens, 1.0f, 0, cfg.train.seed + uint64_t(done),
+                         [&](int t) { text += size_t(t) < token_text.size() ? token_text[size_t(t)] : "?"; });
+                std::printf("sample at step %d: %s\n", done, text.c_str());
+                std::fflush(stdout);
+            }
         }
         if (!cfg.checkpoint.dir.empty() && (last || (cfg.checkpoint.every > 0 && done % cfg.checkpoint.every == 0))) {
             save_run(cfg.checkpoint.dir, model, opt, grid, *gatherer, done, train_loader->position());

@@ -1,0 +1,65 @@
+#include "train/sample.h"
+
+#include <cstdio>
+#include <memory>
+
+#include "data/gpt2_tokenizer.h"
+#include "model/checkpoint.h"
+#include "model/kernels/philox.h"
+#include "train/config.h"
+
+namespace tpsp {
+
+std::vector<int> generate(Generator& generator, const GPTConfig& config, const std::vector<int>& prompt, int count,
+                          float temperature, int top_k, uint64_t seed, const std::function<void(int)>& emit) {
+    generator.reset();
+    const float* logits = nullptr;
+    for (int token : prompt) logits = generator.step(token);
+    std::vector<int> out;
+    for (int i = 0; i < count && generator.position() < config.max_seq_len; i++) {
+        PhiloxCounter bits = philox4x32_10({uint32_t(i), 0, 0, 0}, {uint32_t(seed), uint32_t(seed >> 32)});
+        int token = sample_token(logits, config.vocab_size, temperature, top_k, uniform_from_bits(bits[0]));
+        out.push_back(token);
+        emit(token);
+        if (generator.position() < config.max_seq_len) logits = generator.step(token);
+    }
+    return out;
+}
+
+int sample_command(const std::string& checkpoint, const SampleOptions& options) {
+    GPTConfig config = read_checkpoint_config(checkpoint);
+    GPT model(config, {1, 1, 0.0f});  // holds the parameters; its activations are one token's
+    load_checkpoint(model, checkpoint);
+
+    // byte models (vocabulary 256) read and write bytes; others GPT-2's BPE
+    std::unique_ptr<GPT2Tokenizer> gpt2;
+    std::vector<int> prompt;
+    if (config.vocab_size == 256) {
+        for (unsigned char c : options.prompt.empty() ? std::string("\n") : options.prompt) prompt.push_back(c);
+    } else {
+        gpt2 = std::make_unique<GPT2Tokenizer>(options.tokenizer_dir);
+        if (gpt2->vocab_size() != config.vocab_size)
+            throw FileError(checkpoint + ": vocabulary of " + std::to_string(config.vocab_size) +
+                            " tokens, but the tokenizer in " + options.tokenizer_dir + " has " +
+                            std::to_string(gpt2->vocab_size()));
+        prompt = options.prompt.empty() ? std::vector<int>{gpt2_end_of_text} : gpt2->encode(options.prompt);
+    }
+    if (int(prompt.size()) >= config.max_seq_len)
+        throw ConfigError("--prompt: " + std::to_string(prompt.size()) + " tokens, the model's context is " +
+                          std::to_string(config.max_seq_len));
+    auto bytes_of = [&](int token) { return gpt2 ? gpt2->token_bytes(token) : std::string(1, char(token)); };
+    std::fputs(options.prompt.c_str(), stdout);
+    Generator generator(config, model.params.wte);
+    std::vector<int> made =
+        generate(generator, config, prompt, options.tokens, options.temperature, options.top_k, options.seed, [&](int t) {
+            std::fputs(bytes_of(t).c_str(), stdout);
+            std::fflush(stdout);
+        });
+    std::fputs("\n", stdout);
+    if (int(made.size()) < options.tokens)
+        std::fprintf(stderr, "tpsp: note: stopped after %zu tokens, at the model's context of %d positions\n",
+                     made.size(), config.max_seq_len);
+    return 0;
+}
+
+}  // namespace tpsp
