@@ -205,7 +205,7 @@ void write_llmc_tokenizer(const std::string& path, const std::vector<std::string
         bytes += char(uint8_t(t.size()));
         bytes += t;
     }
-    write_file_atomically(path, bytes.data(), bytes.size());
+    write_file_atomically(path, {{bytes.data(), bytes.size()}});
 }
 
 LlmcTokenizer read_llmc_tokenizer(const std::string& path) {

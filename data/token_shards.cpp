@@ -11,13 +11,8 @@
 namespace tpsp {
 
 void write_token_shard(const std::string& path, const std::vector<uint16_t>& tokens) {
-    std::vector<char> bytes(1024 + tokens.size() * 2, 0);
-    int* header = reinterpret_cast<int*>(bytes.data());
-    header[0] = shard_magic;
-    header[1] = shard_version;
-    header[2] = int(tokens.size());
-    std::memcpy(bytes.data() + 1024, tokens.data(), tokens.size() * 2);
-    write_file_atomically(path, bytes.data(), bytes.size());
+    int header[256] = {shard_magic, shard_version, int(tokens.size())};
+    write_file_atomically(path, {{header, sizeof header}, {tokens.data(), tokens.size() * 2}});
 }
 
 std::vector<std::string> expand_shard_glob(const std::string& pattern) {

@@ -74,27 +74,35 @@ void load_checkpoint(GPT& model, const std::string& path) {
                           ShardDirection::full_to_shard);
 }
 
-void write_file_atomically(const std::string& path, const void* data, size_t bytes) {
-    std::string tmp = path + ".tmp";
-    FILE* f = std::fopen(tmp.c_str(), "wb");
-    if (!f) throw FileError(tmp + ": cannot open for writing");
-    bool ok = std::fwrite(data, 1, bytes, f) == bytes;
-    ok = (std::fflush(f) == 0) && ok;
-    ok = (std::fclose(f) == 0) && ok;
-    if (!ok) {
-        std::remove(tmp.c_str());
-        throw FileError(tmp + ": write failed (disk full?)");
-    }
-    if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-        std::remove(tmp.c_str());
-        throw FileError(path + ": cannot rename " + tmp + " into place");
-    }
+AtomicFile::AtomicFile(const std::string& path) : path_(path), tmp_(path + ".tmp") {
+    file_ = std::fopen(tmp_.c_str(), "wb");
+    if (!file_) throw FileError(tmp_ + ": cannot open for writing");
+}
+
+AtomicFile::~AtomicFile() {
+    if (file_) std::fclose(file_);
+    if (!committed_) std::remove(tmp_.c_str());
+}
+
+void AtomicFile::write(const void* data, size_t bytes) { ok_ = ok_ && std::fwrite(data, 1, bytes, file_) == bytes; }
+
+void AtomicFile::commit() {
+    ok_ = std::fflush(file_) == 0 && ok_;
+    ok_ = std::fclose(file_) == 0 && ok_;
+    file_ = nullptr;
+    if (!ok_) throw FileError(tmp_ + ": write failed (disk full?)");
+    if (std::rename(tmp_.c_str(), path_.c_str()) != 0) throw FileError(path_ + ": cannot rename " + tmp_ + " into place");
+    committed_ = true;
+}
+
+void write_file_atomically(const std::string& path, std::initializer_list<FilePart> parts) {
+    AtomicFile file(path);
+    for (const FilePart& part : parts) file.write(part.data, part.bytes);
+    file.commit();
 }
 
 void save_checkpoint(const GPTConfig& c, const float* full, const std::string& path) {
-    const int64_t count = full_parameter_count(c);
-    std::vector<char> bytes(1024 + size_t(count) * 4, 0);
-    int* header = reinterpret_cast<int*>(bytes.data());
+    int header[256] = {};
     header[0] = checkpoint_magic;
     header[1] = checkpoint_version;
     header[2] = c.max_seq_len;
@@ -103,8 +111,7 @@ void save_checkpoint(const GPTConfig& c, const float* full, const std::string& p
     header[5] = c.num_heads;
     header[6] = c.channels;
     header[7] = c.padded_vocab_size;
-    std::memcpy(bytes.data() + 1024, full, size_t(count) * 4);
-    write_file_atomically(path, bytes.data(), bytes.size());
+    write_file_atomically(path, {{header, sizeof header}, {full, size_t(full_parameter_count(c)) * 4}});
 }
 
 }  // namespace tpsp

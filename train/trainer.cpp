@@ -43,6 +43,8 @@ public:
     ShardGatherer(const GPT& model, ProcessGrid& grid)
         : model_(model), grid_(grid), full_(size_t(full_parameter_count(model.config))),
           shards_(size_t(model.num_parameters) * grid.tp) {}
+    // Where gather() assembles the whole model (the same buffer every time).
+    const float* full() const { return full_.data(); }
     // Collective over the TP group of dp rank 0; the result is valid on world rank 0.
     const float* gather(const float* local) {
         grid_.tp_group.gather(local, shards_.data(), size_t(model_.num_parameters), 0);
@@ -72,19 +74,21 @@ void save_run(const std::string& dir, GPT& model, const AdamW& opt, ProcessGrid&
     }
     const float* params = gatherer.gather(model.params.wte);
     if (writer) save_checkpoint(model.config, params, step_file(dir, "model", step));
-    std::vector<char> bytes(writer ? 32 + size_t(n) * 8 : 0);
-    int64_t head[4] = {state_magic, step, loader_position, n};
-    const float* m = gatherer.gather(opt.m.data());
+    // the moments pass through the gatherer's one buffer in turn
+    std::unique_ptr<AtomicFile> state;
     if (writer) {
-        std::memcpy(bytes.data(), head, 32);
-        std::memcpy(bytes.data() + 32, m, size_t(n) * 4);
+        state = std::make_unique<AtomicFile>(step_file(dir, "state", step));
+        const int64_t head[4] = {state_magic, step, loader_position, n};
+        state->write(head, sizeof head);
     }
-    const float* v = gatherer.gather(opt.v.data());
+    for (const std::vector<float>* moment : {&opt.m, &opt.v}) {
+        const float* full = gatherer.gather(moment->data());
+        if (writer) state->write(full, size_t(n) * 4);
+    }
     if (!writer) return;
-    std::memcpy(bytes.data() + 32 + size_t(n) * 4, v, size_t(n) * 4);
-    write_file_atomically(step_file(dir, "state", step), bytes.data(), bytes.size());
+    state->commit();
     std::string latest = std::to_string(step) + "\n";
-    write_file_atomically(dir + "/latest", latest.data(), latest.size());  // last: the pair is complete
+    write_file_atomically(dir + "/latest", {{latest.data(), latest.size()}});  // last: the pair is complete
 }
 
 struct Resumed {
@@ -180,6 +184,7 @@ int train(const Config& cfg) {
     std::unique_ptr<AdamW> opt_owner;
     std::unique_ptr<ShardGatherer> gatherer;
     std::vector<std::string> token_text;  // what each token prints as, for samples
+    std::unique_ptr<Generator> sampler;
     FILE* metrics = nullptr;
     int start_step = 0;
     bool ready = on_every_rank([&] {
@@ -210,6 +215,7 @@ int train(const Config& cfg) {
                 for (int b = 0; b < 256; b++) token_text.push_back(std::string(1, char(b)));
             else
                 token_text = read_llmc_tokenizer(cfg.data.tokenizer).token_bytes;
+            sampler = std::make_unique<Generator>(gc, gatherer->full());
         }
         if (!cfg.checkpoint.resume.empty()) {
             Resumed r = load_run(cfg.checkpoint.resume, *model_owner, *opt_owner);
@@ -326,14 +332,13 @@ int train(const Config& cfg) {
             std::fflush(metrics);
         }
         if (cfg.logging.sample_every > 0 && (done % cfg.logging.sample_every == 0 || last) && grid.dp_rank == 0) {
-            const float* full = gatherer->gather(model.params.wte);
+            gatherer->gather(model.params.wte);
             if (lead) {
-                Generator generator(gc, full);
-                std::string text;
-                std::vector<int> prompt = {gc.vocab_size == 256 ? int('\n') : gpt2_end_of_text};
-                generate(generator, gc, prompt, cfg.logging.sample_tokens, 1.0f, 0, cfg.train.seed + uint64_t(done),
-                         [&](int t) { text += size_t(t) < token_text.size() ? token_text[size_t(t)] : "?"; });
-                std::printf("sample at step %d: %s\n", done, text.c_str());
+                const std::vector<int> prompt = {gc.vocab_size == 256 ? int('\n') : gpt2_end_of_text};
+                std::printf("sample at step %d: ", done);
+                generate(*sampler, gc, prompt, cfg.logging.sample_tokens, 1.0f, 0, cfg.train.seed + uint64_t(done),
+                         [&](int t) { std::fputs(size_t(t) < token_text.size() ? token_text[size_t(t)].c_str() : "?", stdout); });
+                std::printf("\n");
                 std::fflush(stdout);
             }
         }
