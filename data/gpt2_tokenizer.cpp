@@ -48,11 +48,7 @@ std::vector<std::string> byte_to_unicode() {
 }
 
 std::string read_text(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw FileError(path + ": cannot open (run scripts/fetch_gpt2_tokenizer.sh)");
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
+    return read_whole_file(path, "tokenizer file (run scripts/fetch_gpt2_tokenizer.sh)");
 }
 
 uint64_t pair_key(int left, int right) { return (uint64_t(uint32_t(left)) << 32) | uint32_t(right); }

@@ -26,14 +26,6 @@ void progress_bar(int64_t done, int64_t total, double seconds) {
     std::fflush(stderr);
 }
 
-std::string read_file(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw FileError(path + ": cannot open input text");
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-}
-
 // The text in pieces of about 1 MB, cut after a newline that a
 // non-whitespace character follows: no GPT-2 pre-token spans such a cut, so
 // the pieces tokenize as the whole would.
@@ -92,7 +84,7 @@ void prepare_shards(const std::vector<std::string>& inputs, const std::string& o
     int64_t done = 0;
     auto start = std::chrono::steady_clock::now();
     for (const std::string& input : inputs) {
-        std::string text = read_file(input);
+        std::string text = read_whole_file(input, "input text");
         if (gpt2) tokens.push_back(uint16_t(gpt2_end_of_text));  // each document begins with <|endoftext|>
         size_t offset = 0;
         for (std::string_view piece : pieces_of(text)) {

@@ -3,6 +3,8 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <vector>
 
 namespace tpsp {
@@ -72,6 +74,14 @@ void load_checkpoint(GPT& model, const std::string& path) {
     if (got != full.size()) throw FileError(path + ": checkpoint is truncated");
     copy_parameter_shards(model.config, model.tp.size, model.tp.rank, full.data(), model.params.wte,
                           ShardDirection::full_to_shard);
+}
+
+std::string read_whole_file(const std::string& path, const std::string& what) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw FileError(path + ": cannot open " + what);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
 }
 
 AtomicFile::AtomicFile(const std::string& path) : path_(path), tmp_(path + ".tmp") {

@@ -30,6 +30,9 @@ void load_checkpoint(GPT& model, const std::string& path);
 // renames it to PATH: a crash never leaves half a file.
 void save_checkpoint(const GPTConfig& config, const float* full, const std::string& path);
 
+// The whole file; if it cannot be opened, a FileError "PATH: cannot open WHAT".
+std::string read_whole_file(const std::string& path, const std::string& what);
+
 // A file written as PATH.tmp and renamed to PATH by commit(): a crash (or an
 // error, or never committing) leaves no half-written PATH.
 class AtomicFile {
