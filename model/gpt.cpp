@@ -140,7 +140,7 @@ std::vector<TensorSpec> workspace_table(const GPTConfig& c, const RunShape& r, c
     Dim b{r.batch, "b"}, s{r.seq_len, "s"}, h{c.channels, "h"};
     Dim s_local = tp.sequence_parallel ? split(r.seq_len, "s", t) : s;
     bool packs_replicated = tp.sequence_parallel && t > 1;
-    bool ring = packs_replicated && tp.overlap.rs && !tp.overlap.rs_pipeline;
+    bool overlapped_rs = packs_replicated && (tp.overlap.rs || tp.overlap.rs_dgrad);
     return {
         f32_tensor("stream_grad", {s_local, b, h}, &w->stream_grad),
         f32_tensor("branch", {s_local, b, h}, &w->branch),
@@ -154,7 +154,7 @@ std::vector<TensorSpec> workspace_table(const GPTConfig& c, const RunShape& r, c
         f32_tensor("attention_scratch", {{threads, "threads"}, s, s}, &w->attention_scratch),
         f32_tensor("replicated_grads", {{packs_replicated ? replicated_elements(c) : 0, "replicated"}},
                    &w->replicated_grads),
-        f32_tensor("ring_scratch", {{ring ? 3 : 0, "3"}, s_local, b, h}, &w->ring_scratch),
+        f32_tensor("rs_scratch", {{overlapped_rs ? 3 : 0, "3"}, s_local, b, h}, &w->rs_scratch),
     };
 }
 
@@ -196,7 +196,7 @@ GPT::GPT(const GPTConfig& c, const RunShape& r, const TensorParallelism& t, Comm
     workspace_arena = Arena(workspace_table(config, shape, tp, omp_get_max_threads(), &workspace));
     row_targets_.resize(size_t(shape.batch) * shape.seq_len);
     linears_ = std::make_unique<ParallelLinears>(group_, tp.sequence_parallel, tp.overlap, shape.seq_len * shape.batch,
-                                                 local_seq() * shape.batch, workspace.ring_scratch);
+                                                 local_seq() * shape.batch, workspace.rs_scratch);
 }
 
 int GPT::local_seq() const { return tp.sequence_parallel ? shape.seq_len / tp.size : shape.seq_len; }

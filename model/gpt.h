@@ -110,7 +110,7 @@ struct Workspace {
     float* vocab_stats;        // [3, s, b] cross-entropy row max, Σ exp, target logit
     float* attention_scratch;  // [threads, s, s] one head's score gradient per thread
     float* replicated_grads;   // the replicated parameters' gradients, packed for one all-reduce
-    float* ring_scratch;       // [3, s_local, b, h] the ring reduce-scatter's buffers in flight
+    float* rs_scratch;         // [3, s_local, b, h] an overlapped reduce-scatter's buffers in flight
 };
 
 std::vector<TensorSpec> block_activation_table(const GPTConfig& config, const RunShape& shape,

@@ -45,9 +45,9 @@ struct ComputeSpan {
 }  // namespace
 
 ParallelLinears::ParallelLinears(Communicator* group, bool sequence_parallel, const OverlapSettings& overlap, int N,
-                                 int N_local, float* ring_scratch)
+                                 int N_local, float* rs_scratch)
     : group_(group), mappings_(group, sequence_parallel && group->size() > 1), sequence_parallel_(sequence_parallel),
-      overlap_(overlap), N_(N), N_local_(N_local), ring_scratch_(ring_scratch) {}
+      overlap_(overlap), N_(N), N_local_(N_local), rs_scratch_(rs_scratch) {}
 
 void ParallelLinears::column_forward(const char* name, float* out, const float* x_local, float* gathered,
                                      const float* weight, const float* bias, int C, int OC) {
@@ -95,15 +95,13 @@ const float* ParallelLinears::column_backward(const char* name, const float* dou
         // re-gather of x in flight meanwhile; wgrad while the last parts drain
         Transfer gather = group_->start_all_gather(x_local, gathered, shard, "all-gather for wgrad");
         pipelined_reduce_scatter_overlapped(
-            *group_, local_grad, partial, shard, overlap_.num_splits, size_t(C),
-            [&](int, size_t begin, size_t end, float* part, const Poll& poll) {
+            *group_, local_grad, partial, rs_scratch_, size_t(N_local_), size_t(C), overlap_.num_splits,
+            [&](int, size_t c0, size_t c1, float* part, const Poll& poll) {
                 ComputeSpan span(group_, name);
-                const int rows = int((end - begin) / C), row0 = int(begin / C);
-                for (int r = 0; r < group_->size(); r++) {
-                    matmul_backward_input(part + size_t(r) * (end - begin),
-                                          dout + (size_t(r) * N_local_ + row0) * OC, weight, rows, C, OC);
-                    poll();
-                }
+                in_row_tiles(N_, poll, [&](int r0, int rows) {
+                    matmul_backward_input_columns(part + size_t(r0) * (c1 - c0), dout + size_t(r0) * OC, weight,
+                                                  rows, C, OC, int(c0), int(c1));
+                });
             },
             [&](const Poll& poll) {
                 group_->wait(gather);
@@ -136,7 +134,7 @@ float* ParallelLinears::row_forward(const char* name, const float* inp, float* p
         return mappings_.gbar_forward(partial, local, size_t(N_) * OC);
     }
     if (!overlap_.rs_pipeline) {
-        ring_reduce_scatter_overlapped(*group_, local, ring_scratch_, shard, [&](int chunk, float* out, const Poll& poll) {
+        ring_reduce_scatter_overlapped(*group_, local, rs_scratch_, shard, [&](int chunk, float* out, const Poll& poll) {
             ComputeSpan span(group_, name);
             const float* rows_in = inp + size_t(chunk) * N_local_ * K;
             in_row_tiles(N_local_, poll, [&](int r0, int rows) {
@@ -146,15 +144,13 @@ float* ParallelLinears::row_forward(const char* name, const float* inp, float* p
         return local;
     }
     pipelined_reduce_scatter_overlapped(
-        *group_, local, partial, shard, overlap_.num_splits, size_t(OC),
-        [&](int, size_t begin, size_t end, float* part, const Poll& poll) {
+        *group_, local, partial, rs_scratch_, size_t(N_local_), size_t(OC), overlap_.num_splits,
+        [&](int, size_t c0, size_t c1, float* part, const Poll& poll) {
             ComputeSpan span(group_, name);
-            const int rows = int((end - begin) / OC), row0 = int(begin / OC);
-            for (int r = 0; r < group_->size(); r++) {
-                matmul_forward(part + size_t(r) * (end - begin), inp + (size_t(r) * N_local_ + row0) * K, weight,
-                               nullptr, rows, K, OC);
-                poll();
-            }
+            in_row_tiles(N_, poll, [&](int r0, int rows) {
+                matmul_forward(part + size_t(r0) * (c1 - c0), inp + size_t(r0) * K, weight + c0 * K, nullptr, rows,
+                               K, int(c1 - c0));
+            });
         },
         [](const Poll&) {});
     return local;

@@ -26,9 +26,10 @@ struct OverlapSettings {
 
 class ParallelLinears {
 public:
-    // ring_scratch: 3 · N_local · h floats when the ring reduce-scatter is on.
+    // rs_scratch: 3 · N_local · h floats when an overlapped reduce-scatter is on
+    // (the ring's buffers in flight, or the pipeline's received parts).
     ParallelLinears(Communicator* group, bool sequence_parallel, const OverlapSettings& overlap, int N, int N_local,
-                    float* ring_scratch);
+                    float* rs_scratch);
 
     // Column-parallel: out [N, OC] = g(x_local [N_local, C]) @ weight^T + bias.
     // gathered [N, C] is scratch (the all-gathered input).
@@ -57,7 +58,7 @@ private:
     bool sequence_parallel_;
     OverlapSettings overlap_;
     int N_, N_local_;
-    float* ring_scratch_;
+    float* rs_scratch_;
 };
 
 }  // namespace tpsp

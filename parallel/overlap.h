@@ -95,30 +95,43 @@ void ring_reduce_scatter_overlapped(Communicator& comm, float* local, float* scr
     comm.wait(send);
 }
 
-// tp_comm_overlap_rs, pipeline (and tp_comm_overlap_rs_dgrad). local [count]
-// = this rank's block of Σ_ranks of a [t, count] tensor produced in `splits`
-// parts: produce(split, begin, end, packed, poll) writes elements
-// [begin, end) of every rank's block, packed as [t, end − begin]; that part
-// is reduce-scattered while the next is produced. then(poll) runs while the
-// last parts drain. packed: t · count floats. `also`: another transfer of
-// the caller's to keep moving meanwhile (or null).
+// tp_comm_overlap_rs, pipeline (and tp_comm_overlap_rs_dgrad). local
+// [rows, cols] = this rank's rows of Σ_ranks of a [t·rows, cols] tensor
+// produced in `splits` column ranges: produce(k, c0, c1, part, poll) writes
+// columns [c0, c1) of all t·rows rows, packed as [t·rows, c1 − c0] — one
+// GEMM of every row against a slice of the weight — and that part is
+// reduce-scattered while the next is produced. then(poll) runs while the last
+// parts drain. packed: t·rows·cols floats; received: rows·cols floats.
+// `also`: another transfer of the caller's to keep moving meanwhile.
 template <class Produce, class Then>
-void pipelined_reduce_scatter_overlapped(Communicator& comm, float* local, float* packed, size_t count, int splits,
-                                         size_t granule, Produce&& produce, Then&& then, Transfer* also = nullptr) {
-    const int t = comm.size();
+void pipelined_reduce_scatter_overlapped(Communicator& comm, float* local, float* packed, float* received, size_t rows,
+                                         size_t cols, int splits, Produce&& produce, Then&& then,
+                                         Transfer* also = nullptr) {
+    const size_t t = size_t(comm.size());
+    auto column = [&](int k) { return cols * size_t(k) / size_t(splits); };
     Transfer inflight[2];
+    int inflight_split[2] = {-1, -1};
+    auto land = [&](int slot) {  // wait for a part and move it into its columns of local
+        comm.wait(inflight[slot]);
+        const int k = inflight_split[slot];
+        if (k < 0) return;
+        const size_t c0 = column(k), width = column(k + 1) - c0;
+        const float* part = received + rows * c0;
+        for (size_t r = 0; r < rows; r++) std::memcpy(local + r * cols + c0, part + r * width, width * 4);
+        inflight_split[slot] = -1;
+    };
     for (int k = 0; k < splits; k++) {
-        // split boundaries on whole granules (rows), so every split is a GEMM of whole rows
-        size_t granules = count / granule;
-        size_t begin = granules * k / splits * granule, end = granules * (k + 1) / splits * granule;
-        float* part = packed + size_t(t) * begin;
-        produce(k, begin, end, part, Poll(comm, {&inflight[0], &inflight[1], also}));
-        comm.wait(inflight[k % 2]);  // at most two parts in flight
-        inflight[k % 2] = comm.start_reduce_scatter(part, local + begin, end - begin, "pipelined reduce-scatter");
+        const size_t c0 = column(k), c1 = column(k + 1);
+        float* part = packed + t * rows * c0;
+        produce(k, c0, c1, part, Poll(comm, {&inflight[0], &inflight[1], also}));
+        land(k % 2);  // at most two parts in flight
+        inflight[k % 2] = comm.start_reduce_scatter(part, received + rows * c0, rows * (c1 - c0),
+                                                    "pipelined reduce-scatter");
+        inflight_split[k % 2] = k;
     }
     then(Poll(comm, {&inflight[0], &inflight[1], also}));
-    comm.wait(inflight[0]);
-    comm.wait(inflight[1]);
+    land(0);
+    land(1);
 }
 
 // tp_comm_bulk_dgrad: the all-gather of `local` into full runs while work(poll) runs.

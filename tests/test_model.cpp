@@ -206,7 +206,7 @@ TEST(Memory, EveryRanksTableEqualsItsModesFormula) {
     RunShape shape{3, 36, 0.1f};
     for (int t : {1, 2, 4}) {
         for (bool sp : {true, false}) {
-            MemoryReport report = memory_report(c, shape, {t, 0, sp}, 1);
+            MemoryReport report = memory_report(c, shape, {t, 0, sp, {}}, 1);
             int64_t formula = block_activation_formula_bytes(3, 36, 64, 8, 4, t, sp || t == 1);
             EXPECT_EQ(report.block_bytes, formula) << "t=" << t << (sp ? " TP+SP" : " TP only");
         }

@@ -230,6 +230,13 @@ void matmul_backward_input(float* dinp, const float* dout, const float* weight, 
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C, 0.0f, dinp, C);
 }
 
+void matmul_backward_input_columns(float* dinp, const float* dout, const float* weight, int N, int C, int OC,
+                                   int c_begin, int c_end) {
+    const int width = c_end - c_begin;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, width, OC, 1.0f, dout, OC, weight + c_begin, C, 0.0f,
+                dinp, width);
+}
+
 void matmul_backward_weight(float* dweight, float* dbias, const float* dout, const float* inp, int N, int C, int OC,
                             int o_begin, int o_end) {
     // dweight [o_end − o_begin, C] += dout[:, o_begin:o_end]^T @ inp [N, C]

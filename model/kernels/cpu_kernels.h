@@ -70,6 +70,9 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
 // The two halves of matmul_backward, for schedules that run them apart:
 // dgrad: dinp [N, C] = dout [N, OC] @ weight [OC, C]   (OVERWRITTEN)
 void matmul_backward_input(float* dinp, const float* dout, const float* weight, int N, int C, int OC);
+// dgrad of the input columns [c_begin, c_end) only: dinp [N, c_end − c_begin] (OVERWRITTEN)
+void matmul_backward_input_columns(float* dinp, const float* dout, const float* weight, int N, int C, int OC,
+                                   int c_begin, int c_end);
 // wgrad of the output rows [o_begin, o_end): dweight[o] += Σ_n dout[n, o] inp[n], dbias[o] += Σ_n dout[n, o]
 void matmul_backward_weight(float* dweight, float* dbias, const float* dout, const float* inp, int N, int C, int OC,
                             int o_begin, int o_end);
