@@ -105,22 +105,16 @@ void Communicator::reduce_scatter(const float* full, float* shard, size_t count)
     wait(t);
 }
 
-static void all_reduce(Communicator& c, MPI_Comm comm, float* data, size_t count, MPI_Op op, Transfer t) {
-    MPI_Iallreduce(MPI_IN_PLACE, data, int(count), MPI_FLOAT, op, comm, &t.request);
-    c.wait(t);
-}
-
-void Communicator::all_reduce_sum(float* data, size_t count) {
+void Communicator::all_reduce(float* data, size_t count, MPI_Op op) {
     if (size_ == 1) return;
     bytes.all_reduce += int64_t(count) * 4;
-    all_reduce(*this, comm_, data, count, MPI_SUM, begin("all-reduce", 2 * ring_seconds(count / size_), true));
+    Transfer t = begin("all-reduce", 2 * ring_seconds(count / size_), true);  // reduce-scatter + all-gather
+    MPI_Iallreduce(MPI_IN_PLACE, data, int(count), MPI_FLOAT, op, comm_, &t.request);
+    wait(t);
 }
 
-void Communicator::all_reduce_max(float* data, size_t count) {
-    if (size_ == 1) return;
-    bytes.all_reduce += int64_t(count) * 4;
-    all_reduce(*this, comm_, data, count, MPI_MAX, begin("all-reduce", 2 * ring_seconds(count / size_), true));
-}
+void Communicator::all_reduce_sum(float* data, size_t count) { all_reduce(data, count, MPI_SUM); }
+void Communicator::all_reduce_max(float* data, size_t count) { all_reduce(data, count, MPI_MAX); }
 
 void Communicator::all_reduce_sum(double* data, size_t count) {
     if (size_ > 1) MPI_Allreduce(MPI_IN_PLACE, data, int(count), MPI_DOUBLE, MPI_SUM, comm_);

@@ -19,7 +19,7 @@ struct Key {
     std::string type;  // "int", "float", "bool", "string"
     std::string help;
     std::function<void(Config&, const std::string&)> set;  // throws std::invalid_argument("expected …")
-    std::function<std::string(const Config&)> show;
+    std::function<std::string(Config)> show;  // of a copy: the fields are reached through Config&
 };
 
 long long parse_int(const std::string& text) {
@@ -52,7 +52,7 @@ Key int_key(std::string name, int& (*field)(Config&), long long min, std::string
                 if (v < min || v > 2147483647) throw std::invalid_argument("must be ≥ " + std::to_string(min) + ", got " + text);
                 field(c) = int(v);
             },
-            [=](const Config& c) { return std::to_string(field(const_cast<Config&>(c))); }};
+            [=](Config c) { return std::to_string(field(c)); }};
 }
 
 Key float_key(std::string name, float& (*field)(Config&), double min, double below, std::string help) {
@@ -64,16 +64,16 @@ Key float_key(std::string name, float& (*field)(Config&), double min, double bel
                                                 "), got " + text);
                 field(c) = float(v);
             },
-            [=](const Config& c) {
+            [=](Config c) {
                 char buf[32];
-                std::snprintf(buf, sizeof buf, "%g", field(const_cast<Config&>(c)));
+                std::snprintf(buf, sizeof buf, "%g", field(c));
                 return std::string(buf);
             }};
 }
 
 Key bool_key(std::string name, bool& (*field)(Config&), std::string help) {
     return {name, "bool", help, [=](Config& c, const std::string& text) { field(c) = parse_bool(text); },
-            [=](const Config& c) { return std::string(field(const_cast<Config&>(c)) ? "true" : "false"); }};
+            [=](Config c) { return std::string(field(c) ? "true" : "false"); }};
 }
 
 Key string_key(std::string name, std::string& (*field)(Config&), std::vector<std::string> choices, std::string help) {
@@ -86,7 +86,7 @@ Key string_key(std::string name, std::string& (*field)(Config&), std::vector<std
                 }
                 field(c) = text;
             },
-            [=](const Config& c) { return "\"" + field(const_cast<Config&>(c)) + "\""; }};
+            [=](Config c) { return "\"" + field(c) + "\""; }};
 }
 
 const std::vector<Key>& keys() {

@@ -10,20 +10,19 @@
 
 namespace tpsp {
 
-std::vector<int> generate(Generator& generator, const GPTConfig& config, const std::vector<int>& prompt, int count,
+int generate(Generator& generator, const GPTConfig& config, const std::vector<int>& prompt, int count,
                           float temperature, int top_k, uint64_t seed, const std::function<void(int)>& emit) {
     generator.reset();
     const float* logits = nullptr;
     for (int token : prompt) logits = generator.step(token);
-    std::vector<int> out;
-    for (int i = 0; i < count && generator.position() < config.max_seq_len; i++) {
-        PhiloxCounter bits = philox4x32_10({uint32_t(i), 0, 0, 0}, {uint32_t(seed), uint32_t(seed >> 32)});
+    int made = 0;
+    for (; made < count && generator.position() < config.max_seq_len; made++) {
+        PhiloxCounter bits = philox4x32_10({uint32_t(made), 0, 0, 0}, {uint32_t(seed), uint32_t(seed >> 32)});
         int token = sample_token(logits, config.vocab_size, temperature, top_k, uniform_from_bits(bits[0]));
-        out.push_back(token);
         emit(token);
         if (generator.position() < config.max_seq_len) logits = generator.step(token);
     }
-    return out;
+    return made;
 }
 
 int sample_command(const std::string& checkpoint, const SampleOptions& options) {
@@ -50,15 +49,15 @@ int sample_command(const std::string& checkpoint, const SampleOptions& options) 
     auto bytes_of = [&](int token) { return gpt2 ? gpt2->token_bytes(token) : std::string(1, char(token)); };
     std::fputs(options.prompt.c_str(), stdout);
     Generator generator(config, model.params.wte);
-    std::vector<int> made =
+    const int made =
         generate(generator, config, prompt, options.tokens, options.temperature, options.top_k, options.seed, [&](int t) {
             std::fputs(bytes_of(t).c_str(), stdout);
             std::fflush(stdout);
         });
     std::fputs("\n", stdout);
-    if (int(made.size()) < options.tokens)
-        std::fprintf(stderr, "tpsp: note: stopped after %zu tokens, at the model's context of %d positions\n",
-                     made.size(), config.max_seq_len);
+    if (made < options.tokens)
+        std::fprintf(stderr, "tpsp: note: stopped after %d tokens, at the model's context of %d positions\n", made,
+                     config.max_seq_len);
     return 0;
 }
 

@@ -18,9 +18,9 @@ struct SampleOptions {
     std::string tokenizer_dir = "data/gpt2_tokenizer";  // for models with GPT-2's vocabulary
 };
 
-// Feeds the prompt, then generates `count` tokens, handing each to `emit`
-// as it comes. Returns the generated tokens.
-std::vector<int> generate(Generator& generator, const GPTConfig& config, const std::vector<int>& prompt, int count,
+// Feeds the prompt, then generates up to `count` tokens (fewer at the end of
+// the model's context), handing each to `emit` as it comes. Returns how many.
+int generate(Generator& generator, const GPTConfig& config, const std::vector<int>& prompt, int count,
                           float temperature, int top_k, uint64_t seed, const std::function<void(int)>& emit);
 
 // tpsp sample CHECKPOINT ...: prints the prompt and the text as it comes.

@@ -271,6 +271,7 @@ int train(const Config& cfg) {
     }
 
     std::vector<int> inputs(size_t(B) * T), targets(size_t(B) * T);
+    const std::vector<int> sample_prompt = {gc.vocab_size == 256 ? int('\n') : gpt2_end_of_text};
     const float dloss = 1.0f / float(tokens_per_step);
     for (int step = start_step; step < cfg.train.steps; step++) {
         const bool last = step + 1 == cfg.train.steps;
@@ -334,9 +335,8 @@ int train(const Config& cfg) {
         if (cfg.logging.sample_every > 0 && (done % cfg.logging.sample_every == 0 || last) && grid.dp_rank == 0) {
             gatherer->gather(model.params.wte);
             if (lead) {
-                const std::vector<int> prompt = {gc.vocab_size == 256 ? int('\n') : gpt2_end_of_text};
                 std::printf("sample at step %d: ", done);
-                generate(*sampler, gc, prompt, cfg.logging.sample_tokens, 1.0f, 0, cfg.train.seed + uint64_t(done),
+                generate(*sampler, gc, sample_prompt, cfg.logging.sample_tokens, 1.0f, 0, cfg.train.seed + uint64_t(done),
                          [&](int t) { std::fputs(size_t(t) < token_text.size() ? token_text[size_t(t)].c_str() : "?", stdout); });
                 std::printf("\n");
                 std::fflush(stdout);
