@@ -8,7 +8,6 @@
 #include <cmath>
 #include <cstring>
 
-#include "model/kernels/philox.h"
 
 namespace tpsp {
 
@@ -30,18 +29,7 @@ static inline float vector_exp(float x) {
 static inline float vector_tanh(float u) { return 1.0f - 2.0f / (vector_exp(2.0f * u) + 1.0f); }
 
 // ----------------------------------------------------------------------------
-// dropout: the random bits of global element g are lane g % 4 of one Philox
-// block whose counter is (g / 4, step, layer·16 + site), keyed on the seed.
-
-static PhiloxCounter dropout_block(const DropoutKey& key, uint64_t group) {
-    PhiloxCounter ctr = {uint32_t(group), uint32_t(group >> 32), key.step,
-                         (key.layer << 4) | uint32_t(key.site)};
-    return philox4x32_10(ctr, {uint32_t(key.seed), uint32_t(key.seed >> 32)});
-}
-
-float dropout_uniform(const DropoutKey& key, uint64_t global_index) {
-    return uniform_from_bits(dropout_block(key, global_index / 4)[global_index % 4]);
-}
+// dropout (the keying is in dropout_rng.h)
 
 // One contiguous run of n elements starting at global index g0.
 static void dropout_row(float* out, uint8_t* mask, const float* inp, int64_t n, uint64_t g0, float p,
@@ -67,10 +55,8 @@ void dropout_forward(float* out, uint8_t* mask, const float* inp, const DropoutB
     float scale = 1.0f / (1.0f - p);
 #pragma omp parallel for
     for (int64_t r = 0; r < rows; r++) {
-        int64_t i0 = r / box.n1, i1 = r % box.n1;
-        uint64_t g0 = uint64_t((box.o0 + i0) * box.stride0 + (box.o1 + i1) * box.stride1);
         int64_t at = r * box.n2;
-        dropout_row(out + at, mask + at, inp + at, box.n2, g0, p, scale, key);
+        dropout_row(out + at, mask + at, inp + at, box.n2, box.row_start(r), p, scale, key);
     }
 }
 

@@ -11,31 +11,9 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "model/kernels/dropout_rng.h"
+
 namespace tpsp {
-
-// Where a dropout mask element lives in the global (un-sharded) tensor, so
-// that its random bits do not depend on which rank holds it (DESIGN §3).
-// The local tensor is [n0, n1, n2], contiguous; its element (i0, i1, i2) has
-// the global index (o0 + i0)·stride0 + (o1 + i1)·stride1 + i2. A sequence
-// shard [s/t, b, h] of an activation whose global index runs over [B, S, h]
-// is {s/t, b, h, stride0 = h, stride1 = S·h, o0 = first position, o1 = first sequence}.
-struct DropoutBox {
-    int64_t n0, n1, n2;        // local extent
-    int64_t stride0, stride1;  // global index step of i0 and of i1 (i2 steps by 1)
-    int64_t o0 = 0, o1 = 0;    // offset of the box along dimensions 0 and 1
-};
-
-// Which draw this is: one stream per (seed, step, layer, site).
-enum class DropoutSite : uint32_t { embedding = 0, attention_probs = 1, attention_proj = 2, mlp_fc2 = 3 };
-struct DropoutKey {
-    uint64_t seed;
-    uint32_t step;
-    uint32_t layer;
-    DropoutSite site;
-};
-
-// The random uniform in [0,1) of one global element; exposed for tests.
-float dropout_uniform(const DropoutKey& key, uint64_t global_index);
 
 // Activations are sequence-major, [T, B, C] (Megatron's [s, b, h]): a
 // sequence shard is then a contiguous block of rows.

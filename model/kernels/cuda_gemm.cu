@@ -1,0 +1,151 @@
+// The GEMMs of cuda_kernels.h through cuBLASLt: bf16 inputs, fp32
+// accumulation, bf16 outputs (fp32 for the weight gradients, which
+// accumulate into the fp32 gradient buffers), the bias added in the epilogue.
+//
+// cuBLASLt is column-major, and a row-major [r, c] matrix is a column-major
+// [c, r] one. So out [N, OC] = inp [N, C] @ weight [OC, C]^T is, to cuBLASLt,
+// out^T [OC, N] = (weight seen as [C, OC])^T · (inp seen as [C, N]).
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "model/kernels/cuda_kernels.h"
+
+namespace tpsp::gpu {
+
+void check_cublas(cublasStatus_t status, const char* what) {
+    if (status != CUBLAS_STATUS_SUCCESS)
+        throw std::runtime_error(std::string(what) + ": cuBLAS status " + std::to_string(int(status)));
+}
+
+// The largest power of two ≤ 256 that divides the address: cuBLASLt's
+// heuristics assume 256-byte alignment unless told otherwise.
+static uint32_t pointer_alignment(const void* p) {
+    uintptr_t address = reinterpret_cast<uintptr_t>(p);
+    uint32_t alignment = 256;
+    while (alignment > 1 && address % alignment != 0) alignment /= 2;
+    return alignment;
+}
+
+// One column-major operand: `rows × cols` with leading dimension ld, `batch`
+// of them `stride` elements apart.
+struct Operand {
+    const void* data;
+    cudaDataType type;
+    uint64_t rows, cols;
+    int64_t ld, stride;
+};
+
+static cublasLtMatrixLayout_t make_layout(const Operand& x, int batch) {
+    cublasLtMatrixLayout_t layout;
+    check_cublas(cublasLtMatrixLayoutCreate(&layout, x.type, x.rows, x.cols, x.ld), "matrix layout");
+    if (batch > 1) {
+        int32_t count = batch;
+        check_cublas(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)),
+                     "batch count");
+        check_cublas(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &x.stride,
+                                                      sizeof(x.stride)),
+                     "batch stride");
+    }
+    return layout;
+}
+
+// D = alpha · op(A) · op(B) + beta · D  (+ bias [m] on every column of D),
+// D is m × n, op(A) m × k, op(B) k × n.
+static void lt_matmul(bool transa, bool transb, int m, int n, int k, float alpha, const void* A, int64_t lda,
+                      int64_t strideA, const void* B, int64_t ldb, int64_t strideB, float beta, void* D,
+                      cudaDataType d_type, int64_t ldd, int64_t strideD, int batch, const bf16* bias,
+                      const GpuContext& ctx) {
+    cublasLtMatmulDesc_t desc;
+    check_cublas(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul descriptor");
+    const cublasOperation_t op_a = transa ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = transb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    check_cublas(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)), "transa");
+    check_cublas(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)), "transb");
+    if (bias) {
+        const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+        check_cublas(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)),
+                     "bias epilogue");
+        check_cublas(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
+                     "bias pointer");
+    }
+    const Operand a{A, CUDA_R_16BF, uint64_t(transa ? k : m), uint64_t(transa ? m : k), lda, strideA};
+    const Operand b{B, CUDA_R_16BF, uint64_t(transb ? n : k), uint64_t(transb ? k : n), ldb, strideB};
+    const Operand d{D, d_type, uint64_t(m), uint64_t(n), ldd, strideD};
+    cublasLtMatrixLayout_t a_layout = make_layout(a, batch), b_layout = make_layout(b, batch),
+                           d_layout = make_layout(d, batch);
+
+    cublasLtMatmulPreference_t preference;
+    check_cublas(cublasLtMatmulPreferenceCreate(&preference), "matmul preference");
+    const uint64_t workspace_bytes = ctx.blas_workspace_bytes;
+    check_cublas(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                      &workspace_bytes, sizeof(workspace_bytes)),
+                 "workspace size");
+    const uint32_t align_a = pointer_alignment(A), align_b = pointer_alignment(B), align_d = pointer_alignment(D);
+    check_cublas(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
+                                                      sizeof(align_a)),
+                 "alignment of A");
+    check_cublas(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b,
+                                                      sizeof(align_b)),
+                 "alignment of B");
+    check_cublas(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d,
+                                                      sizeof(align_d)),
+                 "alignment of C");
+    check_cublas(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d,
+                                                      sizeof(align_d)),
+                 "alignment of D");
+
+    cublasLtMatmulHeuristicResult_t heuristic;
+    int found = 0;
+    check_cublas(cublasLtMatmulAlgoGetHeuristic(ctx.blas, desc, a_layout, b_layout, d_layout, d_layout, preference, 1,
+                                                &heuristic, &found),
+                 "matmul heuristic");
+    if (found == 0)
+        throw std::runtime_error("cuBLASLt has no algorithm for a " + std::to_string(m) + "×" + std::to_string(n) +
+                                 "×" + std::to_string(k) + " GEMM");
+    check_cublas(cublasLtMatmul(ctx.blas, desc, &alpha, A, a_layout, B, b_layout, &beta, D, d_layout, D, d_layout,
+                                &heuristic.algo, ctx.blas_workspace, ctx.blas_workspace_bytes, ctx.stream),
+                 "cublasLtMatmul");
+
+    cublasLtMatmulPreferenceDestroy(preference);
+    cublasLtMatrixLayoutDestroy(d_layout);
+    cublasLtMatrixLayoutDestroy(b_layout);
+    cublasLtMatrixLayoutDestroy(a_layout);
+    cublasLtMatmulDescDestroy(desc);
+}
+
+void batched_gemm(bool transa, bool transb, int m, int n, int k, float alpha, const bf16* A, int lda, int64_t strideA,
+                  const bf16* B, int ldb, int64_t strideB, float beta, bf16* D, int ldd, int64_t strideD, int batch,
+                  const GpuContext& ctx) {
+    lt_matmul(transa, transb, m, n, k, alpha, A, lda, strideA, B, ldb, strideB, beta, D, CUDA_R_16BF, ldd, strideD,
+              batch, nullptr, ctx);
+}
+
+void matmul_forward(bf16* out, const bf16* inp, const bf16* weight, const bf16* bias, int N, int C, int OC,
+                    const GpuContext& ctx) {
+    // out^T [OC, N] = (weight as [C, OC])^T · (inp as [C, N])
+    lt_matmul(true, false, OC, N, C, 1.0f, weight, C, 0, inp, C, 0, 0.0f, out, CUDA_R_16BF, OC, 0, 1, bias, ctx);
+}
+
+void matmul_backward_input(bf16* dinp, const bf16* dout, const bf16* weight, int N, int C, int OC,
+                           const GpuContext& ctx) {
+    matmul_backward_input_columns(dinp, dout, weight, N, C, OC, 0, C, ctx);
+}
+
+void matmul_backward_input_columns(bf16* dinp, const bf16* dout, const bf16* weight, int N, int C, int OC,
+                                   int c_begin, int c_end, const GpuContext& ctx) {
+    // dinp^T [width, N] = (weight columns as [width, OC], ld C) · (dout as [OC, N])
+    const int width = c_end - c_begin;
+    lt_matmul(false, false, width, N, OC, 1.0f, weight + c_begin, C, 0, dout, OC, 0, 0.0f, dinp, CUDA_R_16BF, width,
+              0, 1, nullptr, ctx);
+}
+
+void matmul_backward_weight(float* dweight, float* dbias, const bf16* dout, const bf16* inp, int N, int C, int OC,
+                            int o_begin, int o_end, const GpuContext& ctx) {
+    // dweight rows [o_begin, o_end) as [C, width]: += (inp as [C, N]) · (dout columns as [width, N], ld OC)^T
+    const int width = o_end - o_begin;
+    lt_matmul(false, true, C, width, N, 1.0f, inp, C, 0, dout + o_begin, OC, 0, 1.0f, dweight + int64_t(o_begin) * C,
+              CUDA_R_32F, C, 0, 1, nullptr, ctx);
+    if (dbias) bias_backward_columns(dbias + o_begin, dout + o_begin, N, width, OC, ctx);
+}
+
+}  // namespace tpsp::gpu

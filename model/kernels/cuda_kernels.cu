@@ -1,0 +1,566 @@
+// The CUDA kernels of cuda_kernels.h, except the GEMMs (cuda_gemm.cu).
+// Each op is a __global__ kernel and the host function that launches it.
+#include "model/kernels/cuda_kernels.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+namespace tpsp::gpu {
+
+void check_cuda(cudaError_t status, const char* what) {
+    if (status != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(status));
+}
+
+void check_launch(const char* kernel) { check_cuda(cudaGetLastError(), kernel); }
+
+// ----------------------------------------------------------------------------
+// launch shapes and reductions
+
+constexpr int block_threads = 256;
+constexpr int warp_size = 32;
+constexpr int warps_per_block = block_threads / warp_size;
+
+static unsigned blocks_for(int64_t n, int per_block = block_threads) {
+    return unsigned((n + per_block - 1) / per_block);
+}
+
+__device__ inline float warp_sum(float v) {
+    for (int offset = warp_size / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    return v;
+}
+
+__device__ inline float warp_max(float v) {
+    for (int offset = warp_size / 2; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+    return v;
+}
+
+// The sum (or max) over a whole block, returned to every thread.
+__device__ inline float block_reduce(float v, bool is_max) {
+    __shared__ float partial[warp_size];
+    const int lane = threadIdx.x % warp_size, warp = threadIdx.x / warp_size;
+    v = is_max ? warp_max(v) : warp_sum(v);
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    const float identity = is_max ? -INFINITY : 0.0f;
+    v = lane < int(blockDim.x / warp_size) ? partial[lane] : identity;
+    v = is_max ? warp_max(v) : warp_sum(v);
+    __syncthreads();  // partial may be reused by the next call
+    return v;
+}
+
+__device__ inline float to_float(bf16 x) { return __bfloat162float(x); }
+__device__ inline bf16 to_bf16(float x) { return __float2bfloat16(x); }
+
+// ----------------------------------------------------------------------------
+// casts
+
+__global__ void cast_to_bf16_kernel(bf16* out, const float* inp, int64_t n) {
+    int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = to_bf16(inp[i]);
+}
+
+void cast_to_bf16(bf16* out, const float* inp, int64_t n, const GpuContext& ctx) {
+    if (n == 0) return;
+    cast_to_bf16_kernel<<<blocks_for(n), block_threads, 0, ctx.stream>>>(out, inp, n);
+    check_launch("cast_to_bf16");
+}
+
+// ----------------------------------------------------------------------------
+// embeddings
+
+__global__ void token_embedding_forward_kernel(bf16* out, const int* inp, const float* wte, int vocab_start,
+                                               int V_local, int B, int T, int C) {
+    int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= int64_t(T) * B * C) return;
+    const int c = int(i % C);
+    const int64_t row = i / C;  // t·B + b
+    const int b = int(row % B), t = int(row / B);
+    const int token = inp[b * T + t] - vocab_start;
+    out[i] = token >= 0 && token < V_local ? to_bf16(wte[int64_t(token) * C + c]) : to_bf16(0.0f);
+}
+
+void token_embedding_forward(bf16* out, const int* inp, const float* wte, int vocab_start, int V_local, int B, int T,
+                             int C, const GpuContext& ctx) {
+    token_embedding_forward_kernel<<<blocks_for(int64_t(T) * B * C), block_threads, 0, ctx.stream>>>(
+        out, inp, wte, vocab_start, V_local, B, T, C);
+    check_launch("token_embedding_forward");
+}
+
+__global__ void token_embedding_backward_kernel(float* dwte, const bf16* dout, const int* inp, int vocab_start,
+                                                int V_local, int B, int T, int C) {
+    int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= int64_t(T) * B * C) return;
+    const int c = int(i % C);
+    const int64_t row = i / C;
+    const int b = int(row % B), t = int(row / B);
+    const int token = inp[b * T + t] - vocab_start;
+    if (token >= 0 && token < V_local) atomicAdd(&dwte[int64_t(token) * C + c], to_float(dout[i]));
+}
+
+void token_embedding_backward(float* dwte, const bf16* dout, const int* inp, int vocab_start, int V_local, int B,
+                              int T, int C, const GpuContext& ctx) {
+    token_embedding_backward_kernel<<<blocks_for(int64_t(T) * B * C), block_threads, 0, ctx.stream>>>(
+        dwte, dout, inp, vocab_start, V_local, B, T, C);
+    check_launch("token_embedding_backward");
+}
+
+__global__ void position_embedding_forward_kernel(bf16* out, const float* wpe, int pos_start, int T_local, int B,
+                                                  int C) {
+    int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= int64_t(T_local) * B * C) return;
+    const int c = int(i % C), t = int(i / C / B);
+    out[i] = to_bf16(to_float(out[i]) + wpe[int64_t(pos_start + t) * C + c]);
+}
+
+void position_embedding_forward(bf16* out, const float* wpe, int pos_start, int T_local, int B, int C,
+                                const GpuContext& ctx) {
+    position_embedding_forward_kernel<<<blocks_for(int64_t(T_local) * B * C), block_threads, 0, ctx.stream>>>(
+        out, wpe, pos_start, T_local, B, C);
+    check_launch("position_embedding_forward");
+}
+
+// one thread per (position, channel): sums the batch, so no atomics
+__global__ void position_embedding_backward_kernel(float* dwpe, const bf16* dout, int pos_start, int T_local, int B,
+                                                   int C) {
+    int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= int64_t(T_local) * C) return;
+    const int c = int(i % C), t = int(i / C);
+    float sum = 0.0f;
+    for (int b = 0; b < B; b++) sum += to_float(dout[(int64_t(t) * B + b) * C + c]);
+    dwpe[int64_t(pos_start + t) * C + c] += sum;
+}
+
+void position_embedding_backward(float* dwpe, const bf16* dout, int pos_start, int T_local, int B, int C,
+                                 const GpuContext& ctx) {
+    position_embedding_backward_kernel<<<blocks_for(int64_t(T_local) * C), block_threads, 0, ctx.stream>>>(
+        dwpe, dout, pos_start, T_local, B, C);
+    check_launch("position_embedding_backward");
+}
+
+// ----------------------------------------------------------------------------
+// layernorm: one warp per row, the statistics in two passes as on the CPU
+
+constexpr float layernorm_eps = 1e-5f;
+
+struct RowStatistics {
+    float mean, rstd;
+};
+
+__device__ inline RowStatistics row_statistics(const bf16* x, int C, int lane) {
+    float sum = 0.0f;
+    for (int c = lane; c < C; c += warp_size) sum += to_float(x[c]);
+    const float mean = warp_sum(sum) / C;
+    float var = 0.0f;
+    for (int c = lane; c < C; c += warp_size) {
+        float d = to_float(x[c]) - mean;
+        var += d * d;
+    }
+    return {mean, rsqrtf(warp_sum(var) / C + layernorm_eps)};
+}
+
+__global__ void layernorm_forward_kernel(bf16* out, const bf16* inp, const float* weight, const float* bias, int N,
+                                         int C) {
+    const int row = blockIdx.x * warps_per_block + threadIdx.x / warp_size, lane = threadIdx.x % warp_size;
+    if (row >= N) return;
+    const bf16* x = inp + int64_t(row) * C;
+    bf16* o = out + int64_t(row) * C;
+    const RowStatistics s = row_statistics(x, C, lane);
+    for (int c = lane; c < C; c += warp_size) o[c] = to_bf16((to_float(x[c]) - s.mean) * s.rstd * weight[c] + bias[c]);
+}
+
+void layernorm_forward(bf16* out, const bf16* inp, const float* weight, const float* bias, int N, int C,
+                       const GpuContext& ctx) {
+    layernorm_forward_kernel<<<blocks_for(N, warps_per_block), block_threads, 0, ctx.stream>>>(out, inp, weight,
+                                                                                               bias, N, C);
+    check_launch("layernorm_forward");
+}
+
+// Each block takes rows in turn (one warp per row) and sums its rows'
+// parameter gradients in shared memory, then adds them to dweight and dbias
+// once per block.
+__global__ void layernorm_backward_kernel(bf16* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp,
+                                          const float* weight, int N, int C) {
+    extern __shared__ float block_grads[];  // [2, C]: dweight, dbias of this block's rows
+    float* block_dweight = block_grads;
+    float* block_dbias = block_grads + C;
+    for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) block_grads[c] = 0.0f;
+    __syncthreads();
+    const int lane = threadIdx.x % warp_size;
+    for (int row = blockIdx.x * warps_per_block + threadIdx.x / warp_size; row < N;
+         row += gridDim.x * warps_per_block) {
+        const bf16* x = inp + int64_t(row) * C;
+        const bf16* d = dout + int64_t(row) * C;
+        bf16* dx = dinp + int64_t(row) * C;
+        const RowStatistics s = row_statistics(x, C, lane);
+        float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
+        for (int c = lane; c < C; c += warp_size) {
+            float dnorm = weight[c] * to_float(d[c]);
+            dnorm_mean += dnorm;
+            dnorm_norm_mean += dnorm * (to_float(x[c]) - s.mean) * s.rstd;
+        }
+        dnorm_mean = warp_sum(dnorm_mean) / C;
+        dnorm_norm_mean = warp_sum(dnorm_norm_mean) / C;
+        for (int c = lane; c < C; c += warp_size) {
+            const float norm = (to_float(x[c]) - s.mean) * s.rstd, dc = to_float(d[c]);
+            dx[c] = to_bf16(to_float(dx[c]) + (weight[c] * dc - dnorm_mean - norm * dnorm_norm_mean) * s.rstd);
+            atomicAdd(&block_dweight[c], norm * dc);
+            atomicAdd(&block_dbias[c], dc);
+        }
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        atomicAdd(&dweight[c], block_dweight[c]);
+        atomicAdd(&dbias[c], block_dbias[c]);
+    }
+}
+
+void layernorm_backward(bf16* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp,
+                        const float* weight, int N, int C, const GpuContext& ctx) {
+    constexpr int max_channels = 12288;  // 2·C floats of shared memory must fit in 96 KiB
+    if (C > max_channels) throw std::runtime_error("layernorm_backward: C = " + std::to_string(C) + " > 12288");
+    const size_t shared_bytes = sizeof(float) * 2 * C;
+    check_cuda(cudaFuncSetAttribute(layernorm_backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    int(shared_bytes)),
+               "layernorm_backward shared memory");
+    const unsigned blocks = std::min(blocks_for(N, warps_per_block), 512u);
+    layernorm_backward_kernel<<<blocks, block_threads, shared_bytes, ctx.stream>>>(dinp, dweight, dbias, dout, inp,
+                                                                                   weight, N, C);
+    check_launch("layernorm_backward");
+}
+
+// ----------------------------------------------------------------------------
+// gelu, tanh approximation
+
+constexpr float gelu_scale = 0.7978845608028654f;  // sqrt(2 / pi)
+
+__global__ void gelu_forward_kernel(bf16* out, const bf16* inp, int64_t N) {
+    int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= N) return;
+    const float x = to_float(inp[i]);
+    out[i] = to_bf16(0.5f * x * (1.0f + tanhf(gelu_scale * (x + 0.044715f * x * x * x))));
+}
+
+void gelu_forward(bf16* out, const bf16* inp, int64_t N, const GpuContext& ctx) {
+    gelu_forward_kernel<<<blocks_for(N), block_threads, 0, ctx.stream>>>(out, inp, N);
+    check_launch("gelu_forward");
+}
+
+__global__ void gelu_backward_kernel(bf16* dinp, const bf16* inp, const bf16* dout, int64_t N) {
+    int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= N) return;
+    const float x = to_float(inp[i]);
+    const float th = tanhf(gelu_scale * (x + 0.044715f * x * x * x));
+    const float sech2 = 1.0f - th * th;
+    const float du_dx = gelu_scale * (1.0f + 3.0f * 0.044715f * x * x);
+    dinp[i] = to_bf16(to_float(dout[i]) * (0.5f * (1.0f + th) + 0.5f * x * sech2 * du_dx));
+}
+
+void gelu_backward(bf16* dinp, const bf16* inp, const bf16* dout, int64_t N, const GpuContext& ctx) {
+    gelu_backward_kernel<<<blocks_for(N), block_threads, 0, ctx.stream>>>(dinp, inp, dout, N);
+    check_launch("gelu_backward");
+}
+
+// ----------------------------------------------------------------------------
+// dropout: element i of the box has the global index row_start(i / n2) + i % n2
+
+__global__ void dropout_forward_kernel(bf16* out, uint8_t* mask, const bf16* inp, DropoutBox box, float p,
+                                       DropoutKey key) {
+    int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= box.n0 * box.n1 * box.n2) return;
+    const uint64_t global = box.row_start(i / box.n2) + uint64_t(i % box.n2);
+    const bool keep = dropout_uniform(key, global) >= p;
+    mask[i] = keep;
+    out[i] = keep ? to_bf16(to_float(inp[i]) / (1.0f - p)) : to_bf16(0.0f);
+}
+
+void dropout_forward(bf16* out, uint8_t* mask, const bf16* inp, const DropoutBox& box, float p,
+                     const DropoutKey& key, const GpuContext& ctx) {
+    const int64_t n = box.n0 * box.n1 * box.n2;
+    if (p == 0.0f) {  // as on the CPU: an all-ones mask and a copy
+        check_cuda(cudaMemsetAsync(mask, 1, size_t(n), ctx.stream), "dropout_forward mask");
+        if (out != inp)
+            check_cuda(cudaMemcpyAsync(out, inp, sizeof(bf16) * n, cudaMemcpyDeviceToDevice, ctx.stream),
+                       "dropout_forward copy");
+        return;
+    }
+    dropout_forward_kernel<<<blocks_for(n), block_threads, 0, ctx.stream>>>(out, mask, inp, box, p, key);
+    check_launch("dropout_forward");
+}
+
+__global__ void dropout_backward_kernel(bf16* dinp, const uint8_t* mask, const bf16* dout, int64_t n, float scale) {
+    int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i < n) dinp[i] = mask[i] ? to_bf16(to_float(dout[i]) * scale) : to_bf16(0.0f);
+}
+
+void dropout_backward(bf16* dinp, const uint8_t* mask, const bf16* dout, int64_t n, float p, const GpuContext& ctx) {
+    dropout_backward_kernel<<<blocks_for(n), block_threads, 0, ctx.stream>>>(dinp, mask, dout, n, 1.0f / (1.0f - p));
+    check_launch("dropout_backward");
+}
+
+// ----------------------------------------------------------------------------
+// residual and bias
+
+__global__ void residual_forward_kernel(bf16* out, const bf16* inp1, const bf16* inp2, int64_t N) {
+    int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i < N) out[i] = to_bf16(to_float(inp1[i]) + to_float(inp2[i]));
+}
+
+void residual_forward(bf16* out, const bf16* inp1, const bf16* inp2, int64_t N, const GpuContext& ctx) {
+    residual_forward_kernel<<<blocks_for(N), block_threads, 0, ctx.stream>>>(out, inp1, inp2, N);
+    check_launch("residual_forward");
+}
+
+__global__ void bias_forward_kernel(bf16* out, const float* bias, int N, int OC) {
+    int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i < int64_t(N) * OC) out[i] = to_bf16(to_float(out[i]) + bias[i % OC]);
+}
+
+void bias_forward(bf16* out, const float* bias, int N, int OC, const GpuContext& ctx) {
+    bias_forward_kernel<<<blocks_for(int64_t(N) * OC), block_threads, 0, ctx.stream>>>(out, bias, N, OC);
+    check_launch("bias_forward");
+}
+
+// grid (column blocks, row chunks): a thread sums one column over one chunk of rows
+constexpr int bias_rows_per_chunk = 256;
+
+__global__ void bias_backward_kernel(float* dbias, const bf16* dout, int N, int width, int row_stride) {
+    const int o = blockIdx.x * blockDim.x + threadIdx.x;
+    if (o >= width) return;
+    const int n0 = blockIdx.y * bias_rows_per_chunk, n1 = min(N, n0 + bias_rows_per_chunk);
+    float sum = 0.0f;
+    for (int n = n0; n < n1; n++) sum += to_float(dout[int64_t(n) * row_stride + o]);
+    atomicAdd(&dbias[o], sum);
+}
+
+void bias_backward_columns(float* dbias, const bf16* dout, int N, int width, int row_stride, const GpuContext& ctx) {
+    const dim3 grid(blocks_for(width), blocks_for(N, bias_rows_per_chunk));
+    bias_backward_kernel<<<grid, block_threads, 0, ctx.stream>>>(dbias, dout, N, width, row_stride);
+    check_launch("bias_backward");
+}
+
+void bias_backward(float* dbias, const bf16* dout, int N, int OC, const GpuContext& ctx) {
+    bias_backward_columns(dbias, dout, N, OC, OC, ctx);
+}
+
+// ----------------------------------------------------------------------------
+// attention, explicit: per (batch, head) GEMMs run as strided batches over
+// head-major copies of Q, K, V; softmax and dropout are one kernel.
+//
+// scratch layout, each part [B, NH, T, hs] unless noted:
+//   q, k, v, o (the heads' output, or in backward the output's gradient),
+//   dq, dk, dv, then the score gradient [B, NH, T, T].
+
+int64_t attention_scratch_elements(int B, int T, int C, int NH) {
+    return 7 * int64_t(B) * T * C + int64_t(B) * NH * T * T;
+}
+
+// dst [B, NH, T, hs] = columns [offset, offset + C) of src [T, B, width], head h in columns h·hs ..
+__global__ void to_head_major_kernel(bf16* dst, const bf16* src, int B, int T, int C, int NH, int width, int offset) {
+    int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= int64_t(B) * T * C) return;
+    const int hs = C / NH;
+    const int d = int(i % hs), t = int(i / hs % T), h = int(i / hs / T % NH), b = int(i / hs / T / NH);
+    dst[i] = src[(int64_t(t) * B + b) * width + offset + h * hs + d];
+}
+
+// the inverse: columns [offset, offset + C) of dst [T, B, width] = src [B, NH, T, hs]
+__global__ void from_head_major_kernel(bf16* dst, const bf16* src, int B, int T, int C, int NH, int width,
+                                       int offset) {
+    int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= int64_t(B) * T * C) return;
+    const int hs = C / NH;
+    const int d = int(i % hs), t = int(i / hs % T), h = int(i / hs / T % NH), b = int(i / hs / T / NH);
+    dst[(int64_t(t) * B + b) * width + offset + h * hs + d] = src[i];
+}
+
+static void to_head_major(bf16* dst, const bf16* src, int B, int T, int C, int NH, int width, int offset,
+                          const GpuContext& ctx) {
+    to_head_major_kernel<<<blocks_for(int64_t(B) * T * C), block_threads, 0, ctx.stream>>>(dst, src, B, T, C, NH,
+                                                                                           width, offset);
+    check_launch("to_head_major");
+}
+
+static void from_head_major(bf16* dst, const bf16* src, int B, int T, int C, int NH, int width, int offset,
+                            const GpuContext& ctx) {
+    from_head_major_kernel<<<blocks_for(int64_t(B) * T * C), block_threads, 0, ctx.stream>>>(dst, src, B, T, C, NH,
+                                                                                             width, offset);
+    check_launch("from_head_major");
+}
+
+// One warp per row (b, h, t) of scores [B·NH·T, T], which hold Q K^T · scale:
+// S' = causal softmax in place (0 above the diagonal), then S = dropout(S').
+// Row (b, h) of the box [B, NH, T·T] holds the T rows of one head.
+__global__ void softmax_dropout_forward_kernel(bf16* softmax_out, uint8_t* mask, bf16* dropout_out, int rows, int T,
+                                               float p, DropoutBox box, DropoutKey key) {
+    const int row = blockIdx.x * warps_per_block + threadIdx.x / warp_size, lane = threadIdx.x % warp_size;
+    if (row >= rows) return;
+    const int t = row % T;
+    bf16* s = softmax_out + int64_t(row) * T;
+    float maxval = -INFINITY;
+    for (int j = lane; j <= t; j += warp_size) maxval = fmaxf(maxval, to_float(s[j]));
+    maxval = warp_max(maxval);
+    float sum = 0.0f;
+    for (int j = lane; j <= t; j += warp_size) sum += __expf(to_float(s[j]) - maxval);
+    const float inv_sum = 1.0f / warp_sum(sum);
+    const uint64_t global0 = box.row_start(row / T) + uint64_t(t) * T;
+    const float keep_scale = 1.0f / (1.0f - p);
+    for (int j = lane; j < T; j += warp_size) {
+        const bf16 prob = j <= t ? to_bf16(__expf(to_float(s[j]) - maxval) * inv_sum) : to_bf16(0.0f);
+        const bool keep = p == 0.0f || dropout_uniform(key, global0 + j) >= p;
+        s[j] = prob;
+        mask[int64_t(row) * T + j] = keep;
+        dropout_out[int64_t(row) * T + j] = keep ? to_bf16(to_float(prob) * keep_scale) : to_bf16(0.0f);
+    }
+}
+
+// In place on the score gradient [B·NH·T, T] (dS on entry): dS' = dropout
+// backward of dS, then dD = S' ∘ (dS' − Σ_row S' ∘ dS') · scale.
+__global__ void softmax_dropout_backward_kernel(bf16* dscores, const bf16* softmax_out, const uint8_t* mask, int rows,
+                                                int T, float keep_scale, float score_scale) {
+    const int row = blockIdx.x * warps_per_block + threadIdx.x / warp_size, lane = threadIdx.x % warp_size;
+    if (row >= rows) return;
+    const int t = row % T;
+    bf16* ds = dscores + int64_t(row) * T;
+    const bf16* sp = softmax_out + int64_t(row) * T;
+    const uint8_t* m = mask + int64_t(row) * T;
+    float weighted = 0.0f;
+    for (int j = lane; j <= t; j += warp_size) weighted += to_float(sp[j]) * (m[j] ? to_float(ds[j]) * keep_scale : 0.0f);
+    weighted = warp_sum(weighted);
+    for (int j = lane; j < T; j += warp_size) {
+        const float dsp = m[j] ? to_float(ds[j]) * keep_scale : 0.0f;
+        ds[j] = to_bf16(to_float(sp[j]) * (dsp - weighted) * score_scale);
+    }
+}
+
+// In the comments below, a row-major [r, c] matrix is the column-major [c, r]
+// one that cuBLASLt sees: each GEMM is written for the transposed product.
+void attention_forward(bf16* out, bf16* softmax_out, uint8_t* dropout_mask, bf16* dropout_out, const bf16* qkv,
+                       bf16* scratch, int B, int T, int C, int NH, float p, const DropoutBox& box,
+                       const DropoutKey& key, const GpuContext& ctx) {
+    const int hs = C / NH, heads = B * NH;
+    const int64_t head_elements = int64_t(B) * T * C, head_stride = int64_t(T) * hs, score_stride = int64_t(T) * T;
+    bf16 *q = scratch, *k = q + head_elements, *v = k + head_elements, *o = v + head_elements;
+    to_head_major(q, qkv, B, T, C, NH, 3 * C, 0, ctx);
+    to_head_major(k, qkv, B, T, C, NH, 3 * C, C, ctx);
+    to_head_major(v, qkv, B, T, C, NH, 3 * C, 2 * C, ctx);
+    // scores [T, T] = Q K^T · scale, i.e. scores^T = K Q^T
+    batched_gemm(true, false, T, T, hs, 1.0f / sqrtf(float(hs)), k, hs, head_stride, q, hs, head_stride, 0.0f,
+                 softmax_out, T, score_stride, heads, ctx);
+    const int rows = heads * T;
+    softmax_dropout_forward_kernel<<<blocks_for(rows, warps_per_block), block_threads, 0, ctx.stream>>>(
+        softmax_out, dropout_mask, dropout_out, rows, T, p, box, key);
+    check_launch("softmax_dropout_forward");
+    // o [T, hs] = S V, i.e. o^T = V^T S^T
+    batched_gemm(false, false, hs, T, T, 1.0f, v, hs, head_stride, dropout_out, T, score_stride, 0.0f, o, hs,
+                 head_stride, heads, ctx);
+    from_head_major(out, o, B, T, C, NH, C, 0, ctx);
+}
+
+void attention_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* softmax_out,
+                        const uint8_t* dropout_mask, const bf16* dropout_out, bf16* scratch, int B, int T, int C,
+                        int NH, float p, const GpuContext& ctx) {
+    const int hs = C / NH, heads = B * NH;
+    const int64_t head_elements = int64_t(B) * T * C, head_stride = int64_t(T) * hs, score_stride = int64_t(T) * T;
+    bf16 *q = scratch, *k = q + head_elements, *v = k + head_elements, *dout_heads = v + head_elements;
+    bf16 *dq = dout_heads + head_elements, *dk = dq + head_elements, *dv = dk + head_elements, *dscores = dv + head_elements;
+    to_head_major(q, qkv, B, T, C, NH, 3 * C, 0, ctx);
+    to_head_major(k, qkv, B, T, C, NH, 3 * C, C, ctx);
+    to_head_major(v, qkv, B, T, C, NH, 3 * C, 2 * C, ctx);
+    to_head_major(dout_heads, dout, B, T, C, NH, C, 0, ctx);
+    // dV [T, hs] = S^T dO, i.e. dV^T = dO^T S
+    batched_gemm(false, true, hs, T, T, 1.0f, dout_heads, hs, head_stride, dropout_out, T, score_stride, 0.0f, dv, hs,
+                 head_stride, heads, ctx);
+    // dS [T, T] = dO V^T, i.e. dS^T = V dO^T
+    batched_gemm(true, false, T, T, hs, 1.0f, v, hs, head_stride, dout_heads, hs, head_stride, 0.0f, dscores, T,
+                 score_stride, heads, ctx);
+    const int rows = heads * T;
+    softmax_dropout_backward_kernel<<<blocks_for(rows, warps_per_block), block_threads, 0, ctx.stream>>>(
+        dscores, softmax_out, dropout_mask, rows, T, 1.0f / (1.0f - p), 1.0f / sqrtf(float(hs)));
+    check_launch("softmax_dropout_backward");
+    // dQ [T, hs] = dD K, i.e. dQ^T = K^T dD^T
+    batched_gemm(false, false, hs, T, T, 1.0f, k, hs, head_stride, dscores, T, score_stride, 0.0f, dq, hs,
+                 head_stride, heads, ctx);
+    // dK [T, hs] = dD^T Q, i.e. dK^T = Q^T dD
+    batched_gemm(false, true, hs, T, T, 1.0f, q, hs, head_stride, dscores, T, score_stride, 0.0f, dk, hs,
+                 head_stride, heads, ctx);
+    from_head_major(dqkv, dq, B, T, C, NH, 3 * C, 0, ctx);
+    from_head_major(dqkv, dk, B, T, C, NH, 3 * C, C, ctx);
+    from_head_major(dqkv, dv, B, T, C, NH, 3 * C, 2 * C, ctx);
+}
+
+// ----------------------------------------------------------------------------
+// cross-entropy: one block per row
+
+__global__ void crossentropy_max_forward_kernel(float* maxes, const bf16* logits, int V_real, int Vp_local) {
+    const bf16* row = logits + int64_t(blockIdx.x) * Vp_local;
+    float maxval = -INFINITY;  // a rank with no real column contributes −inf
+    for (int v = threadIdx.x; v < V_real; v += blockDim.x) maxval = fmaxf(maxval, to_float(row[v]));
+    maxval = block_reduce(maxval, true);
+    if (threadIdx.x == 0) maxes[blockIdx.x] = maxval;
+}
+
+void crossentropy_max_forward(float* maxes, const bf16* logits, int N, int V_real, int Vp_local,
+                              const GpuContext& ctx) {
+    crossentropy_max_forward_kernel<<<N, block_threads, 0, ctx.stream>>>(maxes, logits, V_real, Vp_local);
+    check_launch("crossentropy_max_forward");
+}
+
+__global__ void crossentropy_sum_forward_kernel(float* stats, const bf16* logits, const float* maxes,
+                                                const int* targets, int vocab_start, int N, int V_real,
+                                                int Vp_local) {
+    const int n = blockIdx.x;
+    const bf16* row = logits + int64_t(n) * Vp_local;
+    const float maxval = maxes[n];
+    float sum = 0.0f;
+    for (int v = threadIdx.x; v < V_real; v += blockDim.x) sum += __expf(to_float(row[v]) - maxval);
+    sum = block_reduce(sum, false);
+    if (threadIdx.x == 0) {
+        const int column = targets[n] - vocab_start;
+        stats[n] = sum;
+        stats[N + n] = column >= 0 && column < V_real ? to_float(row[column]) : 0.0f;
+    }
+}
+
+void crossentropy_sum_forward(float* stats, const bf16* logits, const float* maxes, const int* targets,
+                              int vocab_start, int N, int V_real, int Vp_local, const GpuContext& ctx) {
+    crossentropy_sum_forward_kernel<<<N, block_threads, 0, ctx.stream>>>(stats, logits, maxes, targets, vocab_start,
+                                                                         N, V_real, Vp_local);
+    check_launch("crossentropy_sum_forward");
+}
+
+__global__ void crossentropy_loss_forward_kernel(float* losses, float* lse, const float* maxes, const float* stats,
+                                                 int N) {
+    const int n = blockIdx.x * blockDim.x + threadIdx.x;
+    if (n >= N) return;
+    lse[n] = maxes[n] + logf(stats[n]);
+    losses[n] = lse[n] - stats[N + n];
+}
+
+void crossentropy_loss_forward(float* losses, float* lse, const float* maxes, const float* stats, int N,
+                               const GpuContext& ctx) {
+    crossentropy_loss_forward_kernel<<<blocks_for(N), block_threads, 0, ctx.stream>>>(losses, lse, maxes, stats, N);
+    check_launch("crossentropy_loss_forward");
+}
+
+__global__ void crossentropy_backward_kernel(bf16* logits, const float* lse, const int* targets, int vocab_start,
+                                             float dloss, int V_real, int Vp_local) {
+    const int n = blockIdx.x;
+    bf16* row = logits + int64_t(n) * Vp_local;
+    const float l = lse[n];
+    const int column = targets[n] - vocab_start;
+    for (int v = threadIdx.x; v < Vp_local; v += blockDim.x) {
+        float grad = 0.0f;  // the padded columns
+        if (v < V_real) grad = dloss * (__expf(to_float(row[v]) - l) - (v == column ? 1.0f : 0.0f));
+        row[v] = to_bf16(grad);
+    }
+}
+
+void crossentropy_backward(bf16* logits, const float* lse, const int* targets, int vocab_start, float dloss, int N,
+                           int V_real, int Vp_local, const GpuContext& ctx) {
+    crossentropy_backward_kernel<<<N, block_threads, 0, ctx.stream>>>(logits, lse, targets, vocab_start, dloss,
+                                                                      V_real, Vp_local);
+    check_launch("crossentropy_backward");
+}
+
+}  // namespace tpsp::gpu

@@ -1,0 +1,290 @@
+// Every CUDA kernel, forward and backward, against its CPU twin on the same
+// random inputs (rounded to bf16 first, so both sides see identical values),
+// at bf16 tolerances; dropout masks bit-identical to the CPU's. Skipped, not
+// failed, where no GPU is present.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/kernels/cpu_kernels.h"
+#include "model/kernels/cuda_device.h"
+#include "model/kernels/cuda_kernels.h"
+#include "tests/test_support.h"
+
+using namespace tpsp;
+using namespace tpsp::testing;
+using gpu::bf16;
+using gpu::DeviceBuffer;
+
+namespace {
+
+// Odd-sized where a kernel loops over rows or channels, multiples of 8 where
+// a dimension is a GEMM's leading dimension (bf16 rows of 16 bytes).
+constexpr int B = 3, T = 40, C = 48, NH = 4, OC = 40;
+constexpr int N = B * T;
+// ||gpu − cpu|| / ||cpu||: one bf16 rounding of each output is 2^-9 relative.
+constexpr double bf16_tolerance = 1e-2;
+
+std::vector<float> rounded_to_bf16(std::vector<float> v) {
+    for (float& x : v) x = __bfloat162float(__float2bfloat16(x));
+    return v;
+}
+
+std::vector<bf16> to_bf16(const std::vector<float>& v) {
+    std::vector<bf16> out(v.size());
+    for (size_t i = 0; i < v.size(); i++) out[i] = __float2bfloat16(v[i]);
+    return out;
+}
+
+std::vector<float> to_float(const std::vector<bf16>& v) {
+    std::vector<float> out(v.size());
+    for (size_t i = 0; i < v.size(); i++) out[i] = __bfloat162float(v[i]);
+    return out;
+}
+
+// Random values exactly representable in bf16.
+std::vector<float> random_bf16_values(size_t n, uint32_t seed, float scale = 1.0f) {
+    return rounded_to_bf16(random_vector(n, seed, scale));
+}
+
+double relative_error(const std::vector<float>& got, const std::vector<float>& want) {
+    double diff = 0.0, norm = 0.0;
+    for (size_t i = 0; i < want.size(); i++) {
+        diff += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
+        norm += double(want[i]) * want[i];
+    }
+    return std::sqrt(diff / std::max(norm, 1e-30));
+}
+
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, const std::string& what,
+                  double tolerance = bf16_tolerance) {
+    ASSERT_EQ(got.size(), want.size()) << what;
+    EXPECT_LT(relative_error(got, want), tolerance) << what;
+}
+
+DropoutBox full_box(int64_t n0, int64_t n1, int64_t n2) { return {n0, n1, n2, n1 * n2, n2, 0, 0}; }
+
+class CudaKernels : public ::testing::Test {
+protected:
+    void SetUp() override {
+        if (gpu::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+        runtime_ = std::make_unique<gpu::GpuRuntime>(0);
+    }
+    const gpu::GpuContext& ctx() const { return runtime_->context(); }
+    void sync() const { runtime_->synchronize(); }
+    // a device copy of v in bf16
+    static DeviceBuffer<bf16> device_bf16(const std::vector<float>& v) { return DeviceBuffer<bf16>(to_bf16(v)); }
+    std::vector<float> host_float(const DeviceBuffer<bf16>& d) const {
+        sync();
+        return to_float(d.download());
+    }
+    template <class T>
+    std::vector<T> host(const DeviceBuffer<T>& d) const {
+        sync();
+        return d.download();
+    }
+
+private:
+    std::unique_ptr<gpu::GpuRuntime> runtime_;
+};
+
+}  // namespace
+
+TEST_F(CudaKernels, DropoutMasksAreBitIdenticalToTheCpus) {
+    // a sequence shard [T/2, B, C] of a [B, T, C] tensor, offset in both coordinates
+    const DropoutBox box{T / 2, B, C, C, int64_t(2 * T) * C, T / 2, 5};
+    const DropoutKey key{0x1234567890ull, 17, 3, DropoutSite::mlp_fc2};
+    const float p = 0.15f;
+    const int64_t n = int64_t(T / 2) * B * C;
+    auto inp = random_bf16_values(n, 1);
+    std::vector<float> cpu_out(n);
+    std::vector<uint8_t> cpu_mask(n);
+    dropout_forward(cpu_out.data(), cpu_mask.data(), inp.data(), box, p, key);
+
+    auto d_inp = device_bf16(inp);
+    DeviceBuffer<bf16> d_out(n);
+    DeviceBuffer<uint8_t> d_mask(n);
+    gpu::dropout_forward(d_out.data(), d_mask.data(), d_inp.data(), box, p, key, ctx());
+    EXPECT_EQ(host(d_mask), cpu_mask);
+    expect_close(host_float(d_out), cpu_out, "dropout out");
+
+    auto dout = random_bf16_values(n, 2);
+    std::vector<float> cpu_dinp(n);
+    dropout_backward(cpu_dinp.data(), cpu_mask.data(), dout.data(), n, p);
+    auto d_dout = device_bf16(dout);
+    gpu::dropout_backward(d_dout.data(), d_mask.data(), d_dout.data(), n, p, ctx());
+    expect_close(host_float(d_dout), cpu_dinp, "dropout dinp");
+}
+
+TEST_F(CudaKernels, LayerNormMatchesCpu) {
+    const int rows = N + 3, channels = C + 5;  // not multiples of the warp
+    auto inp = random_bf16_values(int64_t(rows) * channels, 3), weight = random_vector(channels, 4),
+         bias = random_vector(channels, 5), dout = random_bf16_values(int64_t(rows) * channels, 6),
+         dinp0 = random_bf16_values(int64_t(rows) * channels, 7);
+    std::vector<float> out(inp.size()), dinp = dinp0, dweight(channels, 0.5f), dbias(channels, -0.5f),
+        scratch(2 * rows);
+    layernorm_forward(out.data(), inp.data(), weight.data(), bias.data(), rows, channels);
+    layernorm_backward(dinp.data(), dweight.data(), dbias.data(), dout.data(), inp.data(), weight.data(),
+                       scratch.data(), rows, channels);
+
+    auto d_inp = device_bf16(inp), d_dout = device_bf16(dout), d_dinp = device_bf16(dinp0);
+    DeviceBuffer<float> d_weight(weight), d_bias(bias), d_dweight(std::vector<float>(channels, 0.5f)),
+        d_dbias(std::vector<float>(channels, -0.5f));
+    DeviceBuffer<bf16> d_out(inp.size());
+    gpu::layernorm_forward(d_out.data(), d_inp.data(), d_weight.data(), d_bias.data(), rows, channels, ctx());
+    gpu::layernorm_backward(d_dinp.data(), d_dweight.data(), d_dbias.data(), d_dout.data(), d_inp.data(),
+                            d_weight.data(), rows, channels, ctx());
+    expect_close(host_float(d_out), out, "layernorm out");
+    expect_close(host_float(d_dinp), dinp, "layernorm dinp (accumulated)");
+    expect_close(host(d_dweight), dweight, "layernorm dweight", 1e-3);
+    expect_close(host(d_dbias), dbias, "layernorm dbias", 1e-3);
+}
+
+TEST_F(CudaKernels, MatmulMatchesCpu) {
+    auto inp = random_bf16_values(N * C, 8), weight = random_bf16_values(OC * C, 9, 0.2f),
+         bias = random_bf16_values(OC, 10), dout = random_bf16_values(N * OC, 11);
+    std::vector<float> out(N * OC), dinp(N * C), dinp_columns(N * 16), dweight(OC * C, 0.25f), dbias(OC, 0.25f);
+    matmul_forward(out.data(), inp.data(), weight.data(), bias.data(), N, C, OC);
+    matmul_backward_input(dinp.data(), dout.data(), weight.data(), N, C, OC);
+    matmul_backward_input_columns(dinp_columns.data(), dout.data(), weight.data(), N, C, OC, 16, 32);
+    matmul_backward_weight(dweight.data(), dbias.data(), dout.data(), inp.data(), N, C, OC, 8, 32);
+
+    auto d_inp = device_bf16(inp), d_weight = device_bf16(weight), d_bias = device_bf16(bias),
+         d_dout = device_bf16(dout);
+    DeviceBuffer<bf16> d_out(N * OC), d_dinp(N * C), d_dinp_columns(N * 16);
+    DeviceBuffer<float> d_dweight(std::vector<float>(OC * C, 0.25f)), d_dbias(std::vector<float>(OC, 0.25f));
+    gpu::matmul_forward(d_out.data(), d_inp.data(), d_weight.data(), d_bias.data(), N, C, OC, ctx());
+    gpu::matmul_backward_input(d_dinp.data(), d_dout.data(), d_weight.data(), N, C, OC, ctx());
+    gpu::matmul_backward_input_columns(d_dinp_columns.data(), d_dout.data(), d_weight.data(), N, C, OC, 16, 32, ctx());
+    gpu::matmul_backward_weight(d_dweight.data(), d_dbias.data(), d_dout.data(), d_inp.data(), N, C, OC, 8, 32,
+                                ctx());
+    expect_close(host_float(d_out), out, "matmul out (bias epilogue)");
+    expect_close(host_float(d_dinp), dinp, "matmul dinp");
+    expect_close(host_float(d_dinp_columns), dinp_columns, "matmul dinp columns 16..32");
+    expect_close(host(d_dweight), dweight, "matmul dweight rows 8..32 (accumulated, fp32)", 1e-4);
+    expect_close(host(d_dbias), dbias, "matmul dbias rows 8..32", 1e-4);
+}
+
+TEST_F(CudaKernels, GeluResidualAndBiasMatchCpu) {
+    const int64_t n = int64_t(N) * OC;
+    auto inp = random_bf16_values(n, 12, 2.0f), other = random_bf16_values(n, 13), dout = random_bf16_values(n, 14),
+         bias = random_vector(OC, 15);
+    std::vector<float> gelu(n), dgelu(n), sum(n), biased = inp, dbias(OC, 1.0f);
+    gelu_forward(gelu.data(), inp.data(), n);
+    gelu_backward(dgelu.data(), inp.data(), dout.data(), n);
+    residual_forward(sum.data(), inp.data(), other.data(), n);
+    bias_forward(biased.data(), bias.data(), N, OC);
+    bias_backward(dbias.data(), dout.data(), N, OC);
+
+    auto d_inp = device_bf16(inp), d_other = device_bf16(other), d_dout = device_bf16(dout),
+         d_biased = device_bf16(inp);
+    DeviceBuffer<bf16> d_gelu(n), d_dgelu(n), d_sum(n);
+    DeviceBuffer<float> d_bias(bias), d_dbias(std::vector<float>(OC, 1.0f));
+    gpu::gelu_forward(d_gelu.data(), d_inp.data(), n, ctx());
+    gpu::gelu_backward(d_dgelu.data(), d_inp.data(), d_dout.data(), n, ctx());
+    gpu::residual_forward(d_sum.data(), d_inp.data(), d_other.data(), n, ctx());
+    gpu::bias_forward(d_biased.data(), d_bias.data(), N, OC, ctx());
+    gpu::bias_backward(d_dbias.data(), d_dout.data(), N, OC, ctx());
+    expect_close(host_float(d_gelu), gelu, "gelu out");
+    expect_close(host_float(d_dgelu), dgelu, "gelu dinp");
+    expect_close(host_float(d_sum), sum, "residual out");
+    expect_close(host_float(d_biased), biased, "bias out");
+    expect_close(host(d_dbias), dbias, "bias dbias", 1e-4);
+}
+
+TEST_F(CudaKernels, EmbeddingsMatchCpu) {
+    const int V_local = 50, vocab_start = 25, maxT = T + 4, pos_start = 3, T_local = T / 2;
+    std::vector<int> tokens(B * T);
+    for (int i = 0; i < B * T; i++) tokens[i] = (i * 37) % 100;  // half of them outside this rank's range
+    auto wte = random_vector(V_local * C, 16), wpe = random_vector(maxT * C, 17);
+    auto dout = random_bf16_values(int64_t(T) * B * C, 18);
+    std::vector<float> out(int64_t(T) * B * C), dwte(V_local * C, 0.0f), dwpe(maxT * C, 0.0f);
+    token_embedding_forward(out.data(), tokens.data(), wte.data(), vocab_start, V_local, B, T, C);
+    position_embedding_forward(out.data(), wpe.data(), pos_start, T_local, B, C);
+    token_embedding_backward(dwte.data(), dout.data(), tokens.data(), vocab_start, V_local, B, T, C);
+    position_embedding_backward(dwpe.data(), dout.data(), pos_start, T_local, B, C);
+
+    DeviceBuffer<int> d_tokens(tokens);
+    DeviceBuffer<float> d_wte(wte), d_wpe(wpe), d_dwte(V_local * C), d_dwpe(maxT * C);
+    auto d_dout = device_bf16(dout);
+    DeviceBuffer<bf16> d_out(int64_t(T) * B * C);
+    gpu::token_embedding_forward(d_out.data(), d_tokens.data(), d_wte.data(), vocab_start, V_local, B, T, C, ctx());
+    gpu::position_embedding_forward(d_out.data(), d_wpe.data(), pos_start, T_local, B, C, ctx());
+    gpu::token_embedding_backward(d_dwte.data(), d_dout.data(), d_tokens.data(), vocab_start, V_local, B, T, C,
+                                  ctx());
+    gpu::position_embedding_backward(d_dwpe.data(), d_dout.data(), pos_start, T_local, B, C, ctx());
+    expect_close(host_float(d_out), out, "embedding out");
+    expect_close(host(d_dwte), dwte, "dwte", 1e-5);
+    expect_close(host(d_dwpe), dwpe, "dwpe", 1e-5);
+}
+
+TEST_F(CudaKernels, AttentionMatchesCpuWithTheSameMasks) {
+    for (float p : {0.0f, 0.2f}) {
+        SCOPED_TRACE("dropout " + std::to_string(p));
+        const DropoutKey key{99, 4, 2, DropoutSite::attention_probs};
+        const DropoutBox box{B, NH, int64_t(T) * T, int64_t(2 * NH) * T * T, int64_t(T) * T, 1, NH};  // heads NH..2NH of 2NH
+        const int64_t scores = int64_t(B) * NH * T * T;
+        auto qkv = random_bf16_values(int64_t(N) * 3 * C, 19), dout = random_bf16_values(int64_t(N) * C, 20);
+        std::vector<float> out(N * C), softmax_out(scores), dropped(scores), dqkv(N * 3 * C), scratch(64 * T * T);
+        std::vector<uint8_t> mask(scores);
+        attention_forward(out.data(), softmax_out.data(), mask.data(), dropped.data(), qkv.data(), B, T, C, NH, p,
+                          box, key);
+        attention_backward(dqkv.data(), dout.data(), qkv.data(), softmax_out.data(), mask.data(), dropped.data(),
+                           scratch.data(), B, T, C, NH, p);
+
+        auto d_qkv = device_bf16(qkv), d_dout = device_bf16(dout);
+        DeviceBuffer<bf16> d_out(N * C), d_softmax(scores), d_dropped(scores), d_dqkv(N * 3 * C),
+            d_scratch(gpu::attention_scratch_elements(B, T, C, NH));
+        DeviceBuffer<uint8_t> d_mask(scores);
+        gpu::attention_forward(d_out.data(), d_softmax.data(), d_mask.data(), d_dropped.data(), d_qkv.data(),
+                               d_scratch.data(), B, T, C, NH, p, box, key, ctx());
+        gpu::attention_backward(d_dqkv.data(), d_dout.data(), d_qkv.data(), d_softmax.data(), d_mask.data(),
+                                d_dropped.data(), d_scratch.data(), B, T, C, NH, p, ctx());
+        EXPECT_EQ(host(d_mask), mask);
+        expect_close(host_float(d_softmax), softmax_out, "softmax out S'", 2e-2);
+        expect_close(host_float(d_dropped), dropped, "dropout out S", 2e-2);
+        expect_close(host_float(d_out), out, "attention out", 2e-2);
+        expect_close(host_float(d_dqkv), dqkv, "attention dqkv", 3e-2);
+    }
+}
+
+TEST_F(CudaKernels, CrossEntropyMatchesCpu) {
+    const int Vp_local = 72, V_real = 60, vocab_start = 100;
+    auto logits = random_bf16_values(int64_t(N) * Vp_local, 21, 3.0f);
+    std::vector<int> targets(N);
+    for (int n = 0; n < N; n++) targets[n] = vocab_start - 10 + (n * 13) % 80;  // some on other ranks
+    std::vector<float> maxes(N), stats(2 * N), grads = logits, lse(N), losses(N);
+    crossentropy_max_forward(maxes.data(), logits.data(), N, V_real, Vp_local);
+    crossentropy_sum_forward(stats.data(), logits.data(), maxes.data(), targets.data(), vocab_start, N, V_real,
+                             Vp_local);
+    for (int n = 0; n < N; n++) {
+        lse[n] = maxes[n] + std::log(stats[n]);
+        losses[n] = lse[n] - stats[N + n];
+    }
+    crossentropy_backward(grads.data(), lse.data(), targets.data(), vocab_start, 0.5f, N, V_real, Vp_local);
+
+    auto d_logits = device_bf16(logits);
+    DeviceBuffer<int> d_targets(targets);
+    DeviceBuffer<float> d_maxes(N), d_stats(2 * N), d_lse(N), d_losses(N);
+    gpu::crossentropy_max_forward(d_maxes.data(), d_logits.data(), N, V_real, Vp_local, ctx());
+    gpu::crossentropy_sum_forward(d_stats.data(), d_logits.data(), d_maxes.data(), d_targets.data(), vocab_start, N,
+                                  V_real, Vp_local, ctx());
+    gpu::crossentropy_loss_forward(d_losses.data(), d_lse.data(), d_maxes.data(), d_stats.data(), N, ctx());
+    gpu::crossentropy_backward(d_logits.data(), d_lse.data(), d_targets.data(), vocab_start, 0.5f, N, V_real,
+                               Vp_local, ctx());
+    EXPECT_EQ(host(d_maxes), maxes);  // a max of bf16 values is exact
+    expect_close(host(d_stats), stats, "Σ exp and target logits", 1e-5);
+    expect_close(host(d_lse), lse, "log-sum-exp", 1e-5);
+    expect_close(host_float(d_logits), grads, "dlogits");
+}
+
+TEST_F(CudaKernels, CastRoundsToNearestBf16) {
+    auto values = random_vector(1000, 22);
+    DeviceBuffer<float> d_values(values);
+    DeviceBuffer<bf16> d_cast(values.size());
+    gpu::cast_to_bf16(d_cast.data(), d_values.data(), int64_t(values.size()), ctx());
+    EXPECT_EQ(host_float(d_cast), rounded_to_bf16(values));
+}
