@@ -1,7 +1,7 @@
-// GPT-2 on one rank of a tensor-parallel group, CPU, fp32: the parameter
-// shard, the saved activations of DESIGN §2 for this rank, the backward
-// workspace, and forward / backward with the g / ḡ collectives of DESIGN §3.
-// With a group of one (the default) it is the plain single-rank model.
+// GPT-2 on one rank of a tensor-parallel group: the parameter shard, the
+// saved activations of DESIGN §2 for this rank, the backward workspace, and
+// forward / backward with the g / ḡ collectives of DESIGN §3. With a group of
+// one (the default) it is the plain single-rank model.
 //
 // Activations are sequence-major, [s, b, h] as in Megatron, so that a
 // sequence shard [s/t, b, h] is a contiguous block of rows.
@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "model/tensor_table.h"
+#include "model/backend.h"
 #include "model/parallel_linear.h"
-#include "parallel/communicator.h"
+#include "model/tensor_table.h"
 #include "parallel/mappings.h"
 
 namespace tpsp {
@@ -69,56 +69,80 @@ enum class ShardDirection { full_to_shard, shard_to_full };
 void copy_parameter_shards(const GPTConfig& config, int tp, int rank, float* full, float* shard,
                            ShardDirection direction);
 
-// What one block keeps for backward: exactly the table of DESIGN §2.
-// s_local = s/t under SP, s without.
+// The GEMMs' view of the weights, in the activation dtype: on the CPU these
+// point at the fp32 parameters themselves; on the GPU at a bf16 copy that
+// forward() refreshes from the fp32 master weights.
+template <class Act>
+struct GemmWeights {
+    Act *wte, *qkvw, *qkvb, *attprojw, *fcw, *fcb, *fcprojw;
+};
+
+// What one block keeps for backward: exactly the table of DESIGN §2, in the
+// activation dtype (e bytes per element). s_local = s/t under SP, s without.
+template <class Act>
 struct BlockActivations {
-    float* ln1_in;              // [s_local, b, h]  residual stream entering the block
-    float* ln1_out;             // [s_local, b, h]  QKV GEMM input (re-gathered in backward)
-    float* qkv;                 // [s, b, 3h/t]
-    float* softmax_out;         // [b, a/t, s, s]  S'
+    Act* ln1_in;                // [s_local, b, h]  residual stream entering the block
+    Act* ln1_out;               // [s_local, b, h]  QKV GEMM input (re-gathered in backward)
+    Act* qkv;                   // [s, b, 3h/t]
+    Act* softmax_out;           // [b, a/t, s, s]  S'
     uint8_t* attn_dropout_mask; // [b, a/t, s, s]
-    float* attn_dropout_out;    // [b, a/t, s, s]  S
-    float* attn_out;            // [s, b, h/t]  proj GEMM input
+    Act* attn_dropout_out;      // [b, a/t, s, s]  S
+    Act* attn_out;              // [s, b, h/t]  proj GEMM input
     uint8_t* proj_dropout_mask; // [s_local, b, h]
-    float* ln2_in;              // [s_local, b, h]
-    float* ln2_out;             // [s_local, b, h]  fc1 GEMM input (re-gathered in backward)
-    float* gelu_in;             // [s, b, 4h/t] fc1 output
-    float* gelu_out;            // [s, b, 4h/t] fc2 GEMM input
+    Act* ln2_in;                // [s_local, b, h]
+    Act* ln2_out;               // [s_local, b, h]  fc1 GEMM input (re-gathered in backward)
+    Act* gelu_in;               // [s, b, 4h/t] fc1 output
+    Act* gelu_out;              // [s, b, 4h/t] fc2 GEMM input
     uint8_t* fc2_dropout_mask;  // [s_local, b, h]
 };
 
 // What the model keeps outside the blocks.
+template <class Act>
 struct OutsideActivations {
     uint8_t* embedding_dropout_mask;  // [s_local, b, h]
-    float* lnf_in;                    // [s_local, b, h]  output of the last block
-    float* lnf_out;                   // [s_local, b, h]  (re-gathered in backward)
-    float* logits;                    // [s, b, Vp/t] overwritten by its gradient in backward
+    Act* lnf_in;                      // [s_local, b, h]  output of the last block
+    Act* lnf_out;                     // [s_local, b, h]  (re-gathered in backward)
+    Act* logits;                      // [s, b, Vp/t] overwritten by its gradient in backward
     float* losses;                    // [s, b]  per-token loss
     float* lse;                       // [s, b]  per-token log-sum-exp
 };
 
 // Scratch reused from block to block; not kept across forward and backward.
+template <class Act>
 struct Workspace {
-    float* stream_grad;        // [s_local, b, h] gradient of the residual stream
-    float* branch;             // [s_local, b, h] a branch's output before its dropout / the gradient entering it
-    float* local_grad;         // [s_local, b, h] gradient of an LN output, after g's backward
-    float* gathered;           // [s, b, h]  g's all-gather of an LN output / ḡ's all-gather of a gradient
-    float* partial;            // [s, b, h]  a row-parallel output, or a column-parallel dgrad, before its reduction
-    float* attn_grad;          // [s, b, h/t] gradient of the attention output
-    float* wide_grad;          // [s, b, 4h/t] gradient of fc1's output, or of qkv
+    Act* stream_grad;          // [s_local, b, h] gradient of the residual stream
+    Act* branch;               // [s_local, b, h] a branch's output before its dropout / the gradient entering it
+    Act* local_grad;           // [s_local, b, h] gradient of an LN output, after g's backward
+    Act* gathered;             // [s, b, h]  g's all-gather of an LN output / ḡ's all-gather of a gradient
+    Act* partial;              // [s, b, h]  a row-parallel output, or a column-parallel dgrad, before its reduction
+    Act* attn_grad;            // [s, b, h/t] gradient of the attention output
+    Act* wide_grad;            // [s, b, 4h/t] gradient of fc1's output, or of qkv
     float* ln_stats;           // [2, s_local, b] LayerNorm statistics recomputed in backward
     float* vocab_stats;        // [3, s, b] cross-entropy row max, Σ exp, target logit
-    float* attention_scratch;  // [threads, s, s] one head's score gradient per thread
+    Act* attention_scratch;    // the attention kernels' scratch, as large as the backend says
     float* replicated_grads;   // the replicated parameters' gradients, packed for one all-reduce
-    float* rs_scratch;         // [3, s_local, b, h] an overlapped reduce-scatter's buffers in flight
+    Act* rs_scratch;           // [3, s_local, b, h] an overlapped reduce-scatter's buffers in flight
 };
 
+// The token ids of one forward, where the kernels read them.
+struct TokenBuffers {
+    int* inputs;       // [b, s] the data's order
+    int* row_targets;  // [s, b] the targets in the activations' row order
+};
+
+template <class Act>
+std::vector<TensorSpec> gemm_weight_table(const GPTConfig& config, int tp, GemmWeights<Act>* w);
+template <class Act>
 std::vector<TensorSpec> block_activation_table(const GPTConfig& config, const RunShape& shape,
-                                               const TensorParallelism& tp, BlockActivations* a);
+                                               const TensorParallelism& tp, BlockActivations<Act>* a);
+template <class Act>
 std::vector<TensorSpec> outside_activation_table(const GPTConfig& config, const RunShape& shape,
-                                                 const TensorParallelism& tp, OutsideActivations* a);
+                                                 const TensorParallelism& tp, OutsideActivations<Act>* a);
+// attention_scratch: the backend's (Backend::attention_scratch)
+template <class Act>
 std::vector<TensorSpec> workspace_table(const GPTConfig& config, const RunShape& shape, const TensorParallelism& tp,
-                                        int threads, Workspace* w);
+                                        const Dim& attention_scratch, Workspace<Act>* w);
+std::vector<TensorSpec> token_table(const RunShape& shape, TokenBuffers* tokens);
 
 // DESIGN §2, bytes per block per rank:
 //   TP+SP:    b·s·h·(16e + 2)/t  +  b·a·s²·(2e + 1)/t
@@ -135,19 +159,26 @@ struct DropoutStep {
     int64_t batch_offset = 0;
 };
 
-class GPT {
+// The GPT of one rank, on a backend: CpuBackend (backend.h: fp32, OpenBLAS,
+// MPI) or CudaBackend (cuda_backend.h: bf16 activations, cuBLASLt, NCCL).
+// The forward and backward code (gpt_model.h) is the same for both; the
+// backend supplies the kernels, the memory and the communicator.
+template <class Backend>
+class GPTModel {
 public:
+    using Act = typename Backend::Act;
+    using Comm = typename Backend::Comm;
+
     // group: the TP group's communicator (its size and rank must match tp);
     // null for a single rank.
-    GPT(const GPTConfig& config, const RunShape& shape, const TensorParallelism& tp = {},
-        Communicator* group = nullptr);
+    GPTModel(const GPTConfig& config, const RunShape& shape, const TensorParallelism& tp = {}, Comm* group = nullptr);
 
-    // inputs, targets [b, s] (the data's order); returns the mean loss over the b·s tokens.
-    // training = false turns dropout off (validation, sampling).
+    // inputs, targets [b, s] on the host (the data's order); returns the mean
+    // loss over the b·s tokens. training = false turns dropout off (validation, sampling).
     float forward(const int* inputs, const int* targets, const DropoutStep& draw, bool training = true);
     // Accumulates into grads the gradient of dloss_scale · Σ token losses.
-    // Uses the activations of the last forward; overwrites logits.
-    void backward(const int* inputs, float dloss_scale);
+    // Uses the inputs and activations of the last forward; overwrites logits.
+    void backward(float dloss_scale);
     // Under SP each rank saw only its tokens: sums the replicated parameters'
     // gradients over the TP group, in one all-reduce. Once per optimizer step.
     void reduce_replicated_grads();
@@ -164,25 +195,31 @@ public:
     TensorParallelism tp;
     std::vector<TensorSpec> parameter_specs;  // names and shapes of this rank's shard, llm.c order
     int64_t num_parameters = 0;               // of this rank's shard
-    ParameterTensors params{}, grads{};
-    std::vector<BlockActivations> blocks;
-    OutsideActivations outside{};
-    Workspace workspace{};
-    Arena param_arena, grad_arena, activation_arena, workspace_arena;
+    ParameterTensors params{}, grads{};       // fp32, in the backend's memory
+    GemmWeights<Act> weights{};
+    std::vector<BlockActivations<Act>> blocks;
+    OutsideActivations<Act> outside{};
+    Workspace<Act> workspace{};
+    TokenBuffers tokens{};
+    Arena param_arena, grad_arena, weight_arena, activation_arena, workspace_arena, token_arena;
 
 private:
-    void block_forward(int layer, float* block_out, const DropoutStep& draw, float p);
+    void refresh_gemm_weights();
+    void block_forward(int layer, Act* block_out, const DropoutStep& draw, float p);
     void block_backward(int layer);
     void classifier_forward();
     void classifier_backward(float dloss_scale);
     int local_seq() const;   // s/t under SP, s without
     int seq_start() const;   // first position of this rank's sequence shard
-    Communicator single_rank_group_;
-    Communicator* group_;
-    TensorParallelMappings mappings_;
-    std::unique_ptr<ParallelLinears> linears_;
-    std::vector<int> row_targets_;  // [s, b] the targets in the activations' row order
+    Comm single_rank_group_;
+    Comm* group_;
+    TensorParallelMappings<Comm> mappings_;
+    std::unique_ptr<ParallelLinears<Comm, Act>> linears_;
+    std::vector<int> host_row_targets_;  // [s, b], staged for the upload
 };
+
+// The CPU model, which the trainer, the sampler and most tests use.
+using GPT = GPTModel<CpuBackend>;
 
 // Model FLOPs of one forward+backward per token (PaLM's 6N + 12·L·s·h, with
 // N the parameters that take part in matmuls, the LM head included).

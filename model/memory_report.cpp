@@ -2,6 +2,8 @@
 
 #include <cstdio>
 
+#include "model/gpt_model.h"
+
 namespace tpsp {
 
 static std::string mib(int64_t bytes) {
@@ -10,20 +12,25 @@ static std::string mib(int64_t bytes) {
     return buf;
 }
 
-MemoryReport memory_report(const GPTConfig& c, const RunShape& r, const TensorParallelism& tp, int threads) {
-    BlockActivations block{};
-    OutsideActivations outside{};
-    Workspace workspace{};
+// Act: float, or uint16_t standing in for bf16 (the same bytes, the same tables).
+template <class Act>
+static MemoryReport report(const GPTConfig& c, const RunShape& r, const TensorParallelism& tp,
+                           const Dim& attention_scratch, const char* device) {
+    BlockActivations<Act> block{};
+    OutsideActivations<Act> outside{};
+    Workspace<Act> workspace{};
     ParameterTensors params{};
     std::vector<TensorSpec> block_table = block_activation_table(c, r, tp, &block);
     std::vector<TensorSpec> outside_table = outside_activation_table(c, r, tp, &outside);
-    std::vector<TensorSpec> workspace_table_ = workspace_table(c, r, tp, threads, &workspace);
+    std::vector<TensorSpec> workspace_table_ = workspace_table(c, r, tp, attention_scratch, &workspace);
+    const DType activation = dtype_of<Act>();
+    const int64_t e = int64_t(sizeof(Act));
 
     MemoryReport m;
     m.block_bytes = int64_t(table_bytes(block_table));
     const bool sp = tp.sequence_parallel || tp.size == 1;
     m.block_formula_bytes =
-        block_activation_formula_bytes(r.batch, r.seq_len, c.channels, c.num_heads, 4, tp.size, sp);
+        block_activation_formula_bytes(r.batch, r.seq_len, c.channels, c.num_heads, e, tp.size, sp);
     m.blocks_bytes = m.block_bytes * c.num_layers;
     m.outside_bytes = int64_t(table_bytes(outside_table));
     m.workspace_bytes = int64_t(table_bytes(workspace_table_));
@@ -33,23 +40,30 @@ MemoryReport memory_report(const GPTConfig& c, const RunShape& r, const TensorPa
     const char* mode = tp.size == 1 ? "one rank" : sp ? "TP+SP" : "TP only";
     std::snprintf(line, sizeof line,
                   "model: L=%d a=%d h=%d V=%d Vp=%d | run: b=%d s=%d dropout=%g | %s, t=%d, per rank | "
-                  "fp32 activations (e=4)\n\n",
+                  "%s: %s activations (e=%d)\n\n",
                   c.num_layers, c.num_heads, c.channels, c.vocab_size, c.padded_vocab_size, r.batch, r.seq_len,
-                  r.dropout, mode, tp.size);
+                  r.dropout, mode, tp.size, device, dtype_name(activation), int(e));
     m.text = line;
-    m.text += format_table("saved activations of one transformer block (each of the L blocks):", block_table);
-    const char* formula = tp.size == 1 ? "b·s·h·(16e+2) + b·a·s²·(2e+1)"
-                          : sp         ? "b·s·h·(16e+2)/t + b·a·s²·(2e+1)/t"
-                                       : "b·s·h·(4e+2) + b·s·h·12e/t + b·a·s²·(2e+1)/t";
+    m.text += format_table("saved activations of one transformer block (each of the L blocks):", block_table,
+                           activation);
+    // with e = 2 these are Korthikanti et al.'s sbh(34/t + 5as/(ht)), sbh(10 + 24/t + 5as/(ht)), 34sbh + 5as²b
+    const char* formula = tp.size == 1 ? (e == 2 ? "b·s·h·(16e+2) + b·a·s²·(2e+1) = 34·b·s·h + 5·b·a·s²"
+                                                 : "b·s·h·(16e+2) + b·a·s²·(2e+1)")
+                          : sp         ? (e == 2 ? "b·s·h·(16e+2)/t + b·a·s²·(2e+1)/t = s·b·h·(34/t + 5·a·s/(h·t))"
+                                                 : "b·s·h·(16e+2)/t + b·a·s²·(2e+1)/t")
+                                       : (e == 2 ? "b·s·h·(4e+2) + b·s·h·12e/t + b·a·s²·(2e+1)/t = "
+                                                   "s·b·h·(10 + 24/t + 5·a·s/(h·t))"
+                                                 : "b·s·h·(4e+2) + b·s·h·12e/t + b·a·s²·(2e+1)/t");
     std::snprintf(line, sizeof line,
                   "\nformula per block: %s = %lld bytes\n"
                   "table per block:   %lld bytes  ->  %s\n\n",
                   formula, (long long)m.block_formula_bytes, (long long)m.block_bytes,
                   m.block_bytes == m.block_formula_bytes ? "EQUAL" : "NOT EQUAL");
     m.text += line;
-    m.text += format_table("saved outside the blocks (not part of the per-block formula):", outside_table);
+    m.text += format_table("saved outside the blocks (not part of the per-block formula):", outside_table,
+                           activation);
     m.text += "\n" + format_table("workspace, reused from block to block (gradients, scratch; not saved):",
-                                  workspace_table_);
+                                  workspace_table_, activation);
     std::snprintf(line, sizeof line,
                   "\nsaved activations: %d blocks × %s + outside %s = %s\n"
                   "workspace %s | parameters %s (and as much again for gradients)\n",
@@ -58,6 +72,12 @@ MemoryReport memory_report(const GPTConfig& c, const RunShape& r, const TensorPa
                   mib(m.parameter_bytes).c_str());
     m.text += line;
     return m;
+}
+
+MemoryReport memory_report(const GPTConfig& c, const RunShape& r, const TensorParallelism& tp, Device device) {
+    const int64_t b = r.batch, s = r.seq_len, h = c.channels, a = c.num_heads, t = tp.size;
+    if (device == Device::cuda) return report<uint16_t>(c, r, tp, cuda_attention_scratch(b, s, h, a, t), "cuda");
+    return report<float>(c, r, tp, CpuBackend::attention_scratch(b, s, h, a, t), "cpu");
 }
 
 }  // namespace tpsp

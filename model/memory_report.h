@@ -15,7 +15,12 @@ struct MemoryReport {
     std::string text;
 };
 
+// Which model the report is for: the CPU's (fp32 activations, e = 4) or the
+// CUDA backend's (bf16 activations, e = 2). Either can be reported anywhere.
+enum class Device { cpu, cuda };
+
 // Built from the same tables the GPT constructor lays its arenas out from.
-MemoryReport memory_report(const GPTConfig& config, const RunShape& shape, const TensorParallelism& tp, int threads);
+MemoryReport memory_report(const GPTConfig& config, const RunShape& shape, const TensorParallelism& tp,
+                           Device device);
 
 }  // namespace tpsp

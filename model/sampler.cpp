@@ -13,7 +13,7 @@ namespace tpsp {
 Generator::Generator(const GPTConfig& config, const float* params) : c_(config) {
     int64_t at = 0;
     for (const TensorSpec& t : parameter_table(c_, 1, &p_)) {
-        *std::get<float**>(t.slot) = const_cast<float*>(params) + at;
+        t.place(const_cast<float*>(params) + at);
         at += t.elements();
     }
     const size_t C = size_t(c_.channels);

@@ -8,8 +8,25 @@
 
 namespace tpsp {
 
-size_t dtype_bytes(DType dtype) { return dtype == DType::f32 ? 4 : 1; }
-const char* dtype_name(DType dtype) { return dtype == DType::f32 ? "fp32" : "u8"; }
+size_t dtype_bytes(DType dtype) {
+    switch (dtype) {
+    case DType::f32: return 4;
+    case DType::bf16: return 2;
+    case DType::i32: return 4;
+    case DType::u8: return 1;
+    }
+    return 0;
+}
+
+const char* dtype_name(DType dtype) {
+    switch (dtype) {
+    case DType::f32: return "fp32";
+    case DType::bf16: return "bf16";
+    case DType::i32: return "i32";
+    case DType::u8: return "u8";
+    }
+    return "";
+}
 
 int64_t TensorSpec::elements() const {
     int64_t n = 1;
@@ -31,7 +48,7 @@ std::string TensorSpec::symbol_text() const {
     return text + "]";
 }
 
-std::string TensorSpec::formula_text() const {
+std::string TensorSpec::formula_text(DType activation) const {
     // a leading integer of a symbol ("3h", "4h/t") moves to the front, and a
     // symbol that repeats is squared ("s·s" -> "s²")
     long factor = 1;
@@ -51,15 +68,9 @@ std::string TensorSpec::formula_text() const {
             text += (text.empty() ? "" : "·") + symbols[i];
         }
     }
-    return dtype == DType::f32 ? text + "·e" : text;
-}
-
-TensorSpec f32_tensor(std::string name, std::vector<Dim> shape, float** slot) {
-    return {std::move(name), std::move(shape), DType::f32, slot};
-}
-
-TensorSpec u8_tensor(std::string name, std::vector<Dim> shape, uint8_t** slot) {
-    return {std::move(name), std::move(shape), DType::u8, slot};
+    if (dtype == activation) return text + "·e";
+    if (dtype == DType::u8) return text;
+    return text + "·" + std::to_string(dtype_bytes(dtype));
 }
 
 size_t table_bytes(const std::vector<TensorSpec>& table) {
@@ -68,33 +79,43 @@ size_t table_bytes(const std::vector<TensorSpec>& table) {
     return total;
 }
 
-Arena::Arena(const std::vector<TensorSpec>& table) : bytes_(table_bytes(table)) {
-    memory_ = std::aligned_alloc(64, (bytes_ + 63) / 64 * 64);
-    if (!memory_) throw std::bad_alloc();
-    std::memset(memory_, 0, bytes_);
+static void* host_allocate(size_t bytes) {
+    void* memory = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (!memory) throw std::bad_alloc();
+    std::memset(memory, 0, bytes);
+    return memory;
+}
+
+const Memory host_memory = {host_allocate, std::free};
+
+Arena::Arena(const std::vector<TensorSpec>& table, const Memory& memory)
+    : bytes_(table_bytes(table)), where_(&memory) {
+    memory_ = memory.allocate(bytes_);
     char* cursor = static_cast<char*>(memory_);
-    for (DType pass : {DType::f32, DType::u8}) {
+    for (DType pass : {DType::f32, DType::i32, DType::bf16, DType::u8}) {
         for (const TensorSpec& t : table) {
             if (t.dtype != pass) continue;
-            if (auto f = std::get_if<float**>(&t.slot)) **f = reinterpret_cast<float*>(cursor);
-            if (auto u = std::get_if<uint8_t**>(&t.slot)) **u = reinterpret_cast<uint8_t*>(cursor);
+            t.place(cursor);
             cursor += t.bytes();
         }
     }
 }
 
 Arena::Arena(Arena&& other) noexcept
-    : memory_(std::exchange(other.memory_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
+    : memory_(std::exchange(other.memory_, nullptr)), bytes_(std::exchange(other.bytes_, 0)), where_(other.where_) {}
 
 Arena& Arena::operator=(Arena&& other) noexcept {
     std::swap(memory_, other.memory_);
     std::swap(bytes_, other.bytes_);
+    std::swap(where_, other.where_);
     return *this;
 }
 
-Arena::~Arena() { std::free(memory_); }
+Arena::~Arena() {
+    if (memory_) where_->release(memory_);
+}
 
-std::string format_table(const std::string& title, const std::vector<TensorSpec>& table) {
+std::string format_table(const std::string& title, const std::vector<TensorSpec>& table, DType activation) {
     std::string out = title + "\n";
     char line[256];
     std::snprintf(line, sizeof line, "  %-22s %-20s %-16s %-5s %14s  %s\n", "tensor", "shape", "symbols", "dtype",
@@ -103,7 +124,7 @@ std::string format_table(const std::string& title, const std::vector<TensorSpec>
     for (const TensorSpec& t : table) {
         std::snprintf(line, sizeof line, "  %-22s %-20s %-16s %-5s %14zu  %s\n", t.name.c_str(),
                       t.shape_text().c_str(), t.symbol_text().c_str(), dtype_name(t.dtype), t.bytes(),
-                      t.formula_text().c_str());
+                      t.formula_text(activation).c_str());
         out += line;
     }
     std::snprintf(line, sizeof line, "  %-22s %-20s %-16s %-5s %14zu\n", "total", "", "", "", table_bytes(table));

@@ -22,7 +22,7 @@ double Communicator::ring_seconds(size_t shard_count) const {
     return link.on() ? (size_ - 1) * link.message_seconds(double(shard_count) * 4) : 0.0;
 }
 
-Transfer Communicator::begin(const char* name, double link_seconds, bool counts) {
+MpiTransfer Communicator::begin(const char* name, double link_seconds, bool counts) {
     Transfer t;
     t.name = name;
     t.started = now_seconds();
@@ -61,19 +61,19 @@ void Communicator::wait(Transfer& t) {
     time.exposed += now_seconds() - start;
 }
 
-Transfer Communicator::start_send(const float* data, size_t count, int peer, int tag) {
+MpiTransfer Communicator::start_send(const float* data, size_t count, int peer, int tag) {
     Transfer t = begin("send", 0.0, false);
     MPI_Isend(data, int(count), MPI_FLOAT, peer, tag, comm_, &t.request);
     return t;
 }
 
-Transfer Communicator::start_receive(float* data, size_t count, int peer, int tag, const char* name) {
+MpiTransfer Communicator::start_receive(float* data, size_t count, int peer, int tag, const char* name) {
     Transfer t = begin(name, link.on() ? link.message_seconds(double(count) * 4) : 0.0, true);
     MPI_Irecv(data, int(count), MPI_FLOAT, peer, tag, comm_, &t.request);
     return t;
 }
 
-Transfer Communicator::start_all_gather(const float* shard, float* full, size_t count, const char* name) {
+MpiTransfer Communicator::start_all_gather(const float* shard, float* full, size_t count, const char* name) {
     if (size_ == 1) {
         if (full != shard) std::memcpy(full, shard, count * 4);
         return {};
@@ -84,7 +84,7 @@ Transfer Communicator::start_all_gather(const float* shard, float* full, size_t 
     return t;
 }
 
-Transfer Communicator::start_reduce_scatter(const float* full, float* shard, size_t count, const char* name) {
+MpiTransfer Communicator::start_reduce_scatter(const float* full, float* shard, size_t count, const char* name) {
     if (size_ == 1) {
         if (full != shard) std::memcpy(shard, full, count * 4);
         return {};
@@ -118,6 +118,17 @@ void Communicator::all_reduce_max(float* data, size_t count) { all_reduce(data, 
 
 void Communicator::all_reduce_sum(double* data, size_t count) {
     if (size_ > 1) MPI_Allreduce(MPI_IN_PLACE, data, int(count), MPI_DOUBLE, MPI_SUM, comm_);
+}
+
+void Communicator::copy(float* dst, const float* src, size_t count) { std::memmove(dst, src, count * 4); }
+
+void Communicator::add(float* acc, const float* x, size_t count) {
+    for (size_t i = 0; i < count; i++) acc[i] += x[i];
+}
+
+void Communicator::copy_rows(float* dst, size_t dst_stride, const float* src, size_t src_stride, size_t rows,
+                             size_t width) {
+    for (size_t r = 0; r < rows; r++) std::memcpy(dst + r * dst_stride, src + r * src_stride, width * 4);
 }
 
 void Communicator::gather(const float* send, float* receive, size_t count, int root) {

@@ -1,6 +1,6 @@
-// The communicator of one process group, over MPI (on CPU). The model calls
-// only these operations, so the CUDA backend can put NCCL behind the same
-// names. Knows nothing about GPT.
+// The communicator of one process group, over MPI (on CPU). The model and
+// the overlap schedules call only these operations; the CUDA backend's
+// NcclCommunicator has the same ones. Knows nothing about GPT.
 //
 // Bytes: every collective counts the bytes of the *full* tensor it produces
 // or consumes (an all-gather of a [s, b, h] result counts s·b·h·4), the
@@ -43,7 +43,7 @@ struct EmulatedLink {
 };
 
 // One non-blocking operation in flight.
-struct Transfer {
+struct MpiTransfer {
     MPI_Request request = MPI_REQUEST_NULL;
     const char* name = "";
     double started = 0.0;
@@ -54,6 +54,7 @@ struct Transfer {
 
 class Communicator {
 public:
+    using Transfer = MpiTransfer;
     Communicator() = default;  // a group of one
     explicit Communicator(MPI_Comm comm);
     int rank() const { return rank_; }
@@ -80,6 +81,12 @@ public:
     Transfer start_reduce_scatter(const float* full, float* shard, size_t count, const char* name);
     bool test(Transfer& t);  // moves it on; true once complete (and delivered, on the emulated link)
     void wait(Transfer& t);  // the time spent here is exposed
+
+    // What the overlap schedules do to the buffers between transfers.
+    void copy(float* dst, const float* src, size_t count);
+    void add(float* acc, const float* x, size_t count);  // acc += x
+    // rows × width elements between two row-strided matrices
+    void copy_rows(float* dst, size_t dst_stride, const float* src, size_t src_stride, size_t rows, size_t width);
 
     EmulatedLink link;
     CollectiveBytes bytes;   // since the last reset, for the step log

@@ -1,26 +1,29 @@
 // The communication–computation overlap schedules of Megatron /
-// TransformerEngine (DESIGN §4), on a Communicator. They know nothing about
-// GPT: each takes the computation as a callable, which is handed a Poll to
-// call between its tiles — on CPU, Open MPI moves a transfer only while the
-// program is inside MPI, so the compute side keeps it moving. (On CUDA the
-// same schedules put the transfers on their own stream; there Poll does
-// nothing.)
+// TransformerEngine (DESIGN §4), on a communicator (Communicator over MPI,
+// or NcclCommunicator on the GPU: the same operations, on T = float or bf16
+// buffers). They know nothing about GPT: each takes the computation as a
+// callable, which is handed a Poll to call between its tiles — on CPU, Open
+// MPI moves a transfer only while the program is inside MPI, so the compute
+// side keeps it moving. On CUDA the transfers run on their own stream and
+// Poll only asks whether they are done.
 //
 // Chunks: a tensor split over the t ranks of the group is t chunks of
 // `count` elements, chunk c being rank c's sequence shard.
 #pragma once
 #include <algorithm>
-#include <cstring>
+#include <cstddef>
+#include <cstdint>
 #include <initializer_list>
 
-#include "parallel/communicator.h"
 
 namespace tpsp {
 
 // What the compute side calls between tiles: moves the watched transfers on.
+template <class Comm>
 class Poll {
 public:
-    Poll(Communicator& comm, std::initializer_list<Transfer*> watched) : comm_(comm) {
+    using Transfer = typename Comm::Transfer;
+    Poll(Comm& comm, std::initializer_list<Transfer*> watched) : comm_(comm) {
         for (Transfer* t : watched)
             if (t && n_ < 4) watched_[n_++] = t;
     }
@@ -35,7 +38,7 @@ public:
     }
 
 private:
-    Communicator& comm_;
+    Comm& comm_;
     Transfer* watched_[4] = {};
     int n_ = 0;
 };
@@ -45,11 +48,12 @@ private:
 // rank holds at that step of the ring: at step i it computes chunk r + i
 // while it sends that chunk to rank r − 1 and receives chunk r + i + 1 from
 // rank r + 1. No step waits for the whole gathered input.
-template <class Compute>
-void ring_all_gather_overlapped(Communicator& comm, const float* local, float* full, size_t count, Compute&& compute) {
+template <class Comm, class T, class Compute>
+void ring_all_gather_overlapped(Comm& comm, const T* local, T* full, size_t count, Compute&& compute) {
+    using Transfer = typename Comm::Transfer;
     const int t = comm.size(), r = comm.rank();
-    if (full + size_t(r) * count != local) std::memcpy(full + size_t(r) * count, local, count * 4);
-    if (t > 1) comm.bytes.all_gather += int64_t(count) * t * 4;
+    if (full + size_t(r) * count != local) comm.copy(full + size_t(r) * count, local, count);
+    if (t > 1) comm.bytes.all_gather += int64_t(count) * t * int64_t(sizeof(T));
     for (int step = 0; step < t; step++) {
         const int chunk = (r + step) % t, next = (r + step + 1) % t;
         Transfer send, receive;
@@ -57,7 +61,7 @@ void ring_all_gather_overlapped(Communicator& comm, const float* local, float* f
             send = comm.start_send(full + size_t(chunk) * count, count, (r - 1 + t) % t, step);
             receive = comm.start_receive(full + size_t(next) * count, count, (r + 1) % t, step, "ring all-gather");
         }
-        compute(chunk, full + size_t(chunk) * count, Poll(comm, {&send, &receive}));
+        compute(chunk, full + size_t(chunk) * count, Poll<Comm>(comm, {&send, &receive}));
         comm.wait(receive);
         comm.wait(send);
     }
@@ -68,22 +72,23 @@ void ring_all_gather_overlapped(Communicator& comm, const float* local, float* f
 // a chunk. The accumulator of chunk c starts at rank c + 1 and travels the
 // ring, each rank adding its partial, until it is home after t − 1 hops;
 // each partial is computed while the accumulator it joins is in flight.
-// scratch: 3 · count floats.
-template <class Produce>
-void ring_reduce_scatter_overlapped(Communicator& comm, float* local, float* scratch, size_t count, Produce&& produce) {
+// scratch: 3 · count elements.
+template <class Comm, class T, class Produce>
+void ring_reduce_scatter_overlapped(Comm& comm, T* local, T* scratch, size_t count, Produce&& produce) {
+    using Transfer = typename Comm::Transfer;
     const int t = comm.size(), r = comm.rank();
-    float* work = scratch;              // this step's partial, then the accumulator
-    float* outgoing = scratch + count;  // the accumulator being sent
-    float* incoming = scratch + 2 * count;
+    T* work = scratch;              // this step's partial, then the accumulator
+    T* outgoing = scratch + count;  // the accumulator being sent
+    T* incoming = scratch + 2 * count;
     Transfer send, receive;
-    if (t > 1) comm.bytes.reduce_scatter += int64_t(count) * t * 4;
+    if (t > 1) comm.bytes.reduce_scatter += int64_t(count) * t * int64_t(sizeof(T));
     for (int step = 0; step < t; step++) {
         const int chunk = (r - step - 1 + 2 * t) % t;
-        produce(chunk, step + 1 == t ? local : work, Poll(comm, {&send, &receive}));
-        float* acc = step + 1 == t ? local : work;
+        produce(chunk, step + 1 == t ? local : work, Poll<Comm>(comm, {&send, &receive}));
+        T* acc = step + 1 == t ? local : work;
         if (step > 0) {
             comm.wait(receive);
-            for (size_t i = 0; i < count; i++) acc[i] += incoming[i];
+            comm.add(acc, incoming, count);
         }
         if (step + 1 < t) {
             comm.wait(send);
@@ -101,12 +106,13 @@ void ring_reduce_scatter_overlapped(Communicator& comm, float* local, float* scr
 // columns [c0, c1) of all t·rows rows, packed as [t·rows, c1 − c0] — one
 // GEMM of every row against a slice of the weight — and that part is
 // reduce-scattered while the next is produced. then(poll) runs while the last
-// parts drain. packed: t·rows·cols floats; received: rows·cols floats.
+// parts drain. packed: t·rows·cols elements; received: rows·cols elements.
 // `also`: another transfer of the caller's to keep moving meanwhile.
-template <class Produce, class Then>
-void pipelined_reduce_scatter_overlapped(Communicator& comm, float* local, float* packed, float* received, size_t rows,
-                                         size_t cols, int splits, Produce&& produce, Then&& then,
-                                         Transfer* also = nullptr) {
+template <class Comm, class T, class Produce, class Then>
+void pipelined_reduce_scatter_overlapped(Comm& comm, T* local, T* packed, T* received, size_t rows, size_t cols,
+                                         int splits, Produce&& produce, Then&& then,
+                                         typename Comm::Transfer* also = nullptr) {
+    using Transfer = typename Comm::Transfer;
     const size_t t = size_t(comm.size());
     auto column = [&](int k) { return cols * size_t(k) / size_t(splits); };
     Transfer inflight[2];
@@ -116,37 +122,36 @@ void pipelined_reduce_scatter_overlapped(Communicator& comm, float* local, float
         const int k = inflight_split[slot];
         if (k < 0) return;
         const size_t c0 = column(k), width = column(k + 1) - c0;
-        const float* part = received + rows * c0;
-        for (size_t r = 0; r < rows; r++) std::memcpy(local + r * cols + c0, part + r * width, width * 4);
+        comm.copy_rows(local + c0, cols, received + rows * c0, width, rows, width);
         inflight_split[slot] = -1;
     };
     for (int k = 0; k < splits; k++) {
         const size_t c0 = column(k), c1 = column(k + 1);
-        float* part = packed + t * rows * c0;
-        produce(k, c0, c1, part, Poll(comm, {&inflight[0], &inflight[1], also}));
+        T* part = packed + t * rows * c0;
+        produce(k, c0, c1, part, Poll<Comm>(comm, {&inflight[0], &inflight[1], also}));
         land(k % 2);  // at most two parts in flight
         inflight[k % 2] = comm.start_reduce_scatter(part, received + rows * c0, rows * (c1 - c0),
                                                     "pipelined reduce-scatter");
         inflight_split[k % 2] = k;
     }
-    then(Poll(comm, {&inflight[0], &inflight[1], also}));
+    then(Poll<Comm>(comm, {&inflight[0], &inflight[1], also}));
     land(0);
     land(1);
 }
 
 // tp_comm_bulk_dgrad: the all-gather of `local` into full runs while work(poll) runs.
-template <class Work>
-void all_gather_during(Communicator& comm, const float* local, float* full, size_t count, Work&& work) {
-    Transfer gather = comm.start_all_gather(local, full, count, "bulk all-gather");
-    work(Poll(comm, {&gather}));
+template <class Comm, class T, class Work>
+void all_gather_during(Comm& comm, const T* local, T* full, size_t count, Work&& work) {
+    typename Comm::Transfer gather = comm.start_all_gather(local, full, count, "bulk all-gather");
+    work(Poll<Comm>(comm, {&gather}));
     comm.wait(gather);
 }
 
 // tp_comm_bulk_wgrad: the reduce-scatter of full into local runs while work(poll) runs.
-template <class Work>
-void reduce_scatter_during(Communicator& comm, const float* full, float* local, size_t count, Work&& work) {
-    Transfer scatter = comm.start_reduce_scatter(full, local, count, "bulk reduce-scatter");
-    work(Poll(comm, {&scatter}));
+template <class Comm, class T, class Work>
+void reduce_scatter_during(Comm& comm, const T* full, T* local, size_t count, Work&& work) {
+    typename Comm::Transfer scatter = comm.start_reduce_scatter(full, local, count, "bulk reduce-scatter");
+    work(Poll<Comm>(comm, {&scatter}));
     comm.wait(scatter);
 }
 

@@ -16,7 +16,6 @@
 
 using namespace tpsp;
 using namespace tpsp::testing;
-using gpu::bf16;
 using gpu::DeviceBuffer;
 
 namespace {
@@ -73,7 +72,6 @@ protected:
         if (gpu::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
         runtime_ = std::make_unique<gpu::GpuRuntime>(0);
     }
-    const gpu::GpuContext& ctx() const { return runtime_->context(); }
     void sync() const { runtime_->synchronize(); }
     // a device copy of v in bf16
     static DeviceBuffer<bf16> device_bf16(const std::vector<float>& v) { return DeviceBuffer<bf16>(to_bf16(v)); }
@@ -107,7 +105,7 @@ TEST_F(CudaKernels, DropoutMasksAreBitIdenticalToTheCpus) {
     auto d_inp = device_bf16(inp);
     DeviceBuffer<bf16> d_out(n);
     DeviceBuffer<uint8_t> d_mask(n);
-    gpu::dropout_forward(d_out.data(), d_mask.data(), d_inp.data(), box, p, key, ctx());
+    dropout_forward(d_out.data(), d_mask.data(), d_inp.data(), box, p, key);
     EXPECT_EQ(host(d_mask), cpu_mask);
     expect_close(host_float(d_out), cpu_out, "dropout out");
 
@@ -115,7 +113,7 @@ TEST_F(CudaKernels, DropoutMasksAreBitIdenticalToTheCpus) {
     std::vector<float> cpu_dinp(n);
     dropout_backward(cpu_dinp.data(), cpu_mask.data(), dout.data(), n, p);
     auto d_dout = device_bf16(dout);
-    gpu::dropout_backward(d_dout.data(), d_mask.data(), d_dout.data(), n, p, ctx());
+    dropout_backward(d_dout.data(), d_mask.data(), d_dout.data(), n, p);
     expect_close(host_float(d_dout), cpu_dinp, "dropout dinp");
 }
 
@@ -134,9 +132,9 @@ TEST_F(CudaKernels, LayerNormMatchesCpu) {
     DeviceBuffer<float> d_weight(weight), d_bias(bias), d_dweight(std::vector<float>(channels, 0.5f)),
         d_dbias(std::vector<float>(channels, -0.5f));
     DeviceBuffer<bf16> d_out(inp.size());
-    gpu::layernorm_forward(d_out.data(), d_inp.data(), d_weight.data(), d_bias.data(), rows, channels, ctx());
-    gpu::layernorm_backward(d_dinp.data(), d_dweight.data(), d_dbias.data(), d_dout.data(), d_inp.data(),
-                            d_weight.data(), rows, channels, ctx());
+    layernorm_forward(d_out.data(), d_inp.data(), d_weight.data(), d_bias.data(), rows, channels);
+    layernorm_backward(d_dinp.data(), d_dweight.data(), d_dbias.data(), d_dout.data(), d_inp.data(),
+                            d_weight.data(), rows, channels);
     expect_close(host_float(d_out), out, "layernorm out");
     expect_close(host_float(d_dinp), dinp, "layernorm dinp (accumulated)");
     expect_close(host(d_dweight), dweight, "layernorm dweight", 1e-3);
@@ -156,11 +154,10 @@ TEST_F(CudaKernels, MatmulMatchesCpu) {
          d_dout = device_bf16(dout);
     DeviceBuffer<bf16> d_out(N * OC), d_dinp(N * C), d_dinp_columns(N * 16);
     DeviceBuffer<float> d_dweight(std::vector<float>(OC * C, 0.25f)), d_dbias(std::vector<float>(OC, 0.25f));
-    gpu::matmul_forward(d_out.data(), d_inp.data(), d_weight.data(), d_bias.data(), N, C, OC, ctx());
-    gpu::matmul_backward_input(d_dinp.data(), d_dout.data(), d_weight.data(), N, C, OC, ctx());
-    gpu::matmul_backward_input_columns(d_dinp_columns.data(), d_dout.data(), d_weight.data(), N, C, OC, 16, 32, ctx());
-    gpu::matmul_backward_weight(d_dweight.data(), d_dbias.data(), d_dout.data(), d_inp.data(), N, C, OC, 8, 32,
-                                ctx());
+    matmul_forward(d_out.data(), d_inp.data(), d_weight.data(), d_bias.data(), N, C, OC);
+    matmul_backward_input(d_dinp.data(), d_dout.data(), d_weight.data(), N, C, OC);
+    matmul_backward_input_columns(d_dinp_columns.data(), d_dout.data(), d_weight.data(), N, C, OC, 16, 32);
+    matmul_backward_weight(d_dweight.data(), d_dbias.data(), d_dout.data(), d_inp.data(), N, C, OC, 8, 32);
     expect_close(host_float(d_out), out, "matmul out (bias epilogue)");
     expect_close(host_float(d_dinp), dinp, "matmul dinp");
     expect_close(host_float(d_dinp_columns), dinp_columns, "matmul dinp columns 16..32");
@@ -183,11 +180,11 @@ TEST_F(CudaKernels, GeluResidualAndBiasMatchCpu) {
          d_biased = device_bf16(inp);
     DeviceBuffer<bf16> d_gelu(n), d_dgelu(n), d_sum(n);
     DeviceBuffer<float> d_bias(bias), d_dbias(std::vector<float>(OC, 1.0f));
-    gpu::gelu_forward(d_gelu.data(), d_inp.data(), n, ctx());
-    gpu::gelu_backward(d_dgelu.data(), d_inp.data(), d_dout.data(), n, ctx());
-    gpu::residual_forward(d_sum.data(), d_inp.data(), d_other.data(), n, ctx());
-    gpu::bias_forward(d_biased.data(), d_bias.data(), N, OC, ctx());
-    gpu::bias_backward(d_dbias.data(), d_dout.data(), N, OC, ctx());
+    gelu_forward(d_gelu.data(), d_inp.data(), n);
+    gelu_backward(d_dgelu.data(), d_inp.data(), d_dout.data(), n);
+    residual_forward(d_sum.data(), d_inp.data(), d_other.data(), n);
+    bias_forward(d_biased.data(), d_bias.data(), N, OC);
+    bias_backward(d_dbias.data(), d_dout.data(), N, OC);
     expect_close(host_float(d_gelu), gelu, "gelu out");
     expect_close(host_float(d_dgelu), dgelu, "gelu dinp");
     expect_close(host_float(d_sum), sum, "residual out");
@@ -211,11 +208,10 @@ TEST_F(CudaKernels, EmbeddingsMatchCpu) {
     DeviceBuffer<float> d_wte(wte), d_wpe(wpe), d_dwte(V_local * C), d_dwpe(maxT * C);
     auto d_dout = device_bf16(dout);
     DeviceBuffer<bf16> d_out(int64_t(T) * B * C);
-    gpu::token_embedding_forward(d_out.data(), d_tokens.data(), d_wte.data(), vocab_start, V_local, B, T, C, ctx());
-    gpu::position_embedding_forward(d_out.data(), d_wpe.data(), pos_start, T_local, B, C, ctx());
-    gpu::token_embedding_backward(d_dwte.data(), d_dout.data(), d_tokens.data(), vocab_start, V_local, B, T, C,
-                                  ctx());
-    gpu::position_embedding_backward(d_dwpe.data(), d_dout.data(), pos_start, T_local, B, C, ctx());
+    token_embedding_forward(d_out.data(), d_tokens.data(), d_wte.data(), vocab_start, V_local, B, T, C);
+    position_embedding_forward(d_out.data(), d_wpe.data(), pos_start, T_local, B, C);
+    token_embedding_backward(d_dwte.data(), d_dout.data(), d_tokens.data(), vocab_start, V_local, B, T, C);
+    position_embedding_backward(d_dwpe.data(), d_dout.data(), pos_start, T_local, B, C);
     expect_close(host_float(d_out), out, "embedding out");
     expect_close(host(d_dwte), dwte, "dwte", 1e-5);
     expect_close(host(d_dwpe), dwpe, "dwpe", 1e-5);
@@ -237,12 +233,12 @@ TEST_F(CudaKernels, AttentionMatchesCpuWithTheSameMasks) {
 
         auto d_qkv = device_bf16(qkv), d_dout = device_bf16(dout);
         DeviceBuffer<bf16> d_out(N * C), d_softmax(scores), d_dropped(scores), d_dqkv(N * 3 * C),
-            d_scratch(gpu::attention_scratch_elements(B, T, C, NH));
+            d_scratch(cuda_attention_scratch_elements(B, T, C, NH));
         DeviceBuffer<uint8_t> d_mask(scores);
-        gpu::attention_forward(d_out.data(), d_softmax.data(), d_mask.data(), d_dropped.data(), d_qkv.data(),
-                               d_scratch.data(), B, T, C, NH, p, box, key, ctx());
-        gpu::attention_backward(d_dqkv.data(), d_dout.data(), d_qkv.data(), d_softmax.data(), d_mask.data(),
-                                d_dropped.data(), d_scratch.data(), B, T, C, NH, p, ctx());
+        attention_forward(d_out.data(), d_softmax.data(), d_mask.data(), d_dropped.data(), d_qkv.data(),
+                               d_scratch.data(), B, T, C, NH, p, box, key);
+        attention_backward(d_dqkv.data(), d_dout.data(), d_qkv.data(), d_softmax.data(), d_mask.data(),
+                                d_dropped.data(), d_scratch.data(), B, T, C, NH, p);
         EXPECT_EQ(host(d_mask), mask);
         expect_close(host_float(d_softmax), softmax_out, "softmax out S'", 2e-2);
         expect_close(host_float(d_dropped), dropped, "dropout out S", 2e-2);
@@ -269,12 +265,12 @@ TEST_F(CudaKernels, CrossEntropyMatchesCpu) {
     auto d_logits = device_bf16(logits);
     DeviceBuffer<int> d_targets(targets);
     DeviceBuffer<float> d_maxes(N), d_stats(2 * N), d_lse(N), d_losses(N);
-    gpu::crossentropy_max_forward(d_maxes.data(), d_logits.data(), N, V_real, Vp_local, ctx());
-    gpu::crossentropy_sum_forward(d_stats.data(), d_logits.data(), d_maxes.data(), d_targets.data(), vocab_start, N,
-                                  V_real, Vp_local, ctx());
-    gpu::crossentropy_loss_forward(d_losses.data(), d_lse.data(), d_maxes.data(), d_stats.data(), N, ctx());
-    gpu::crossentropy_backward(d_logits.data(), d_lse.data(), d_targets.data(), vocab_start, 0.5f, N, V_real,
-                               Vp_local, ctx());
+    crossentropy_max_forward(d_maxes.data(), d_logits.data(), N, V_real, Vp_local);
+    crossentropy_sum_forward(d_stats.data(), d_logits.data(), d_maxes.data(), d_targets.data(), vocab_start, N,
+                                  V_real, Vp_local);
+    crossentropy_loss_forward(d_losses.data(), d_lse.data(), d_maxes.data(), d_stats.data(), N);
+    crossentropy_backward(d_logits.data(), d_lse.data(), d_targets.data(), vocab_start, 0.5f, N, V_real,
+                               Vp_local);
     EXPECT_EQ(host(d_maxes), maxes);  // a max of bf16 values is exact
     expect_close(host(d_stats), stats, "Σ exp and target logits", 1e-5);
     expect_close(host(d_lse), lse, "log-sum-exp", 1e-5);
@@ -285,6 +281,6 @@ TEST_F(CudaKernels, CastRoundsToNearestBf16) {
     auto values = random_vector(1000, 22);
     DeviceBuffer<float> d_values(values);
     DeviceBuffer<bf16> d_cast(values.size());
-    gpu::cast_to_bf16(d_cast.data(), d_values.data(), int64_t(values.size()), ctx());
+    cast_to_bf16(d_cast.data(), d_values.data(), int64_t(values.size()));
     EXPECT_EQ(host_float(d_cast), rounded_to_bf16(values));
 }

@@ -86,7 +86,7 @@ TEST(ModelVsTorch, LossLogitsAndEveryGradient) {
             std::memcpy(&logits[(size_t(b) * ref.T + t) * Vp], model.outside.logits + (size_t(t) * ref.B + b) * Vp,
                         sizeof(float) * Vp);
     EXPECT_LT(tpsp::testing::relative_error(logits.data(), ref.logits.data(), int64_t(ref.logits.size())), 1e-5);
-    model.backward(ref.inputs.data(), 1.0f / N);
+    model.backward(1.0f / N);
     int64_t at = 0;
     for (const TensorSpec& t : model.parameter_specs) {
         double err = tpsp::testing::relative_error(model.grads.wte + at, ref.grads.data() + at, t.elements());
@@ -107,7 +107,7 @@ TEST(ModelVsTorch, TenAdamWSteps) {
         model.zero_grad();
         float loss = model.forward(ref.inputs.data(), ref.targets.data(), {});
         EXPECT_NEAR(loss, ref.step_losses[step], 1e-4 * ref.step_losses[step]) << "step " << step;
-        model.backward(ref.inputs.data(), 1.0f / N);
+        model.backward(1.0f / N);
         opt.update(model, float(ref.lr), 1.0f, step + 1);
     }
 }
@@ -144,7 +144,7 @@ TEST(Model, BackwardWithDropoutMatchesFiniteDifferencesWithMasksHeldFixed) {
     DropoutStep draw{11, 3, 0};  // the same draw every time: the masks stay fixed
     model.zero_grad();
     model.forward(inputs, targets, draw);
-    model.backward(inputs, 1.0f / N);
+    model.backward(1.0f / N);
     std::vector<float> analytic(model.grads.wte, model.grads.wte + model.num_parameters);
     auto loss = [&] { return double(model.forward(inputs, targets, draw)); };
     int64_t at = 0;
@@ -191,7 +191,7 @@ TEST(Memory, ArenaEqualsTheFormulaExactly) {
         RunShape shape{k.b, k.s, 0.1f};
         GPT model(c, shape);
         int64_t per_block = block_activation_formula_bytes(k.b, k.s, k.h, k.a, 4, 1, true);
-        MemoryReport report = memory_report(c, shape, {}, 1);
+        MemoryReport report = memory_report(c, shape, {}, Device::cpu);
         EXPECT_EQ(report.block_bytes, per_block);
         // the arena holds L blocks of exactly that, plus the tensors outside the blocks
         int64_t outside = int64_t(k.b) * k.s * (k.h * (1 + 4 + 4) + 4 * c.padded_vocab_size + 8);
@@ -206,7 +206,7 @@ TEST(Memory, EveryRanksTableEqualsItsModesFormula) {
     RunShape shape{3, 36, 0.1f};
     for (int t : {1, 2, 4}) {
         for (bool sp : {true, false}) {
-            MemoryReport report = memory_report(c, shape, {t, 0, sp, {}}, 1);
+            MemoryReport report = memory_report(c, shape, {t, 0, sp, {}}, Device::cpu);
             int64_t formula = block_activation_formula_bytes(3, 36, 64, 8, 4, t, sp || t == 1);
             EXPECT_EQ(report.block_bytes, formula) << "t=" << t << (sp ? " TP+SP" : " TP only");
         }
@@ -234,7 +234,7 @@ TEST(Memory, NothingOutsideTheTableIsKeptAcrossForwardAndBackward) {
             float* w = static_cast<float*>(model.workspace_arena.data());
             for (size_t i = 0; i < model.workspace_arena.bytes() / 4; i++) w[i] = std::numeric_limits<float>::quiet_NaN();
         }
-        model.backward(tokens.data(), 1.0f / N);
+        model.backward(1.0f / N);
         (poison ? poisoned : clean).assign(model.grads.wte, model.grads.wte + model.num_parameters);
     }
     EXPECT_EQ(clean, poisoned);

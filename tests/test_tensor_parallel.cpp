@@ -58,14 +58,14 @@ void compare_with_one_rank(int t, bool sequence_parallel) {
     one.init_random(11);
     one.zero_grad();
     float one_loss = one.forward(tokens.data(), tokens.data() + 1, draw);
-    one.backward(tokens.data(), 1.0f / N);
+    one.backward(1.0f / N);
 
     TensorParallelism tp{t, group.rank(), sequence_parallel};
     GPT split(config, shape, tp, &group);
     split.init_random(11);
     split.zero_grad();
     float split_loss = split.forward(tokens.data(), tokens.data() + 1, draw);
-    split.backward(tokens.data(), 1.0f / N);
+    split.backward(1.0f / N);
     split.reduce_replicated_grads();
     EXPECT_NEAR(split_loss, one_loss, 1e-6 * one_loss);
 
@@ -130,7 +130,7 @@ void compare_overlap_with_plain(int t, const OverlapSettings& overlap, const std
         model.init_random(3);
         model.zero_grad();
         losses.push_back(model.forward(tokens.data(), tokens.data() + 1, {1, 2, 0}));
-        model.backward(tokens.data(), 1.0f / N);
+        model.backward(1.0f / N);
         model.reduce_replicated_grads();
         grads[run].assign(model.grads.wte, model.grads.wte + model.num_parameters);
         if (run == 1) {
@@ -180,8 +180,8 @@ TEST(Communicator, ARingOfPointToPointExchangesAllGathers) {
     std::copy(mine.begin(), mine.end(), ring.begin() + me * count);
     for (int hop = 0; hop < t - 1; hop++) {
         int send_chunk = (me - hop + t) % t, receive_chunk = (me - hop - 1 + t) % t;
-        Transfer sent = world.start_send(ring.data() + send_chunk * count, count, (me + 1) % t, hop);
-        Transfer received = world.start_receive(ring.data() + receive_chunk * count, count, (me - 1 + t) % t, hop, "ring");
+        MpiTransfer sent = world.start_send(ring.data() + send_chunk * count, count, (me + 1) % t, hop);
+        MpiTransfer received = world.start_receive(ring.data() + receive_chunk * count, count, (me - 1 + t) % t, hop, "ring");
         while (!world.test(received)) {
         }
         world.wait(sent);

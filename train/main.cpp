@@ -71,7 +71,7 @@ static int command_memory(const ConfigArgs& args) {
     Config cfg = load_config(args.path, args.overrides);
     for (const auto& flag : args.flags) throw ConfigError("tpsp memory: unknown option " + flag.first);
     TensorParallelism tp{cfg.parallel.tp, 0, cfg.parallel.sequence_parallel, cfg.overlap()};
-    MemoryReport report = memory_report(cfg.gpt(), cfg.run_shape(), tp, omp_get_max_threads());
+    MemoryReport report = memory_report(cfg.gpt(), cfg.run_shape(), tp, Device::cpu);
     std::fputs(report.text.c_str(), stdout);
     return report.block_bytes == report.block_formula_bytes ? 0 : 1;
 }

@@ -285,7 +285,7 @@ int train(const Config& cfg) {
             train_loader->next_batch(inputs.data(), targets.data());
             DropoutStep draw{cfg.train.seed, uint32_t(step), (int64_t(micro) * grid.dp + grid.dp_rank) * B};
             loss += model.forward(inputs.data(), targets.data(), draw);
-            model.backward(inputs.data(), dloss);
+            model.backward(dloss);
         }
         model.reduce_replicated_grads();
         grid.dp_group.all_reduce_sum(model.grads.wte, size_t(model.num_parameters));

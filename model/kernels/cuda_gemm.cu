@@ -11,12 +11,12 @@
 
 #include "model/kernels/cuda_kernels.h"
 
-namespace tpsp::gpu {
-
-void check_cublas(cublasStatus_t status, const char* what) {
-    if (status != CUBLAS_STATUS_SUCCESS)
-        throw std::runtime_error(std::string(what) + ": cuBLAS status " + std::to_string(int(status)));
-}
+namespace tpsp {
+using gpu::batched_gemm;
+using gpu::check_cuda;
+using gpu::check_cublas;
+using gpu::check_launch;
+using gpu::GpuContext;
 
 // The largest power of two ≤ 256 that divides the address: cuBLASLt's
 // heuristics assume 256-byte alignment unless told otherwise.
@@ -54,8 +54,8 @@ static cublasLtMatrixLayout_t make_layout(const Operand& x, int batch) {
 // D is m × n, op(A) m × k, op(B) k × n.
 static void lt_matmul(bool transa, bool transb, int m, int n, int k, float alpha, const void* A, int64_t lda,
                       int64_t strideA, const void* B, int64_t ldb, int64_t strideB, float beta, void* D,
-                      cudaDataType d_type, int64_t ldd, int64_t strideD, int batch, const bf16* bias,
-                      const GpuContext& ctx) {
+                      cudaDataType d_type, int64_t ldd, int64_t strideD, int batch, const bf16* bias) {
+    const GpuContext& ctx = gpu::context();
     cublasLtMatmulDesc_t desc;
     check_cublas(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul descriptor");
     const cublasOperation_t op_a = transa ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = transb ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -113,39 +113,41 @@ static void lt_matmul(bool transa, bool transb, int m, int n, int k, float alpha
     cublasLtMatmulDescDestroy(desc);
 }
 
-void batched_gemm(bool transa, bool transb, int m, int n, int k, float alpha, const bf16* A, int lda, int64_t strideA,
-                  const bf16* B, int ldb, int64_t strideB, float beta, bf16* D, int ldd, int64_t strideD, int batch,
-                  const GpuContext& ctx) {
+void gpu::batched_gemm(bool transa, bool transb, int m, int n, int k, float alpha, const bf16* A, int lda, int64_t strideA,
+                  const bf16* B, int ldb, int64_t strideB, float beta, bf16* D, int ldd, int64_t strideD, int batch) {
+    const GpuContext& ctx = gpu::context();
     lt_matmul(transa, transb, m, n, k, alpha, A, lda, strideA, B, ldb, strideB, beta, D, CUDA_R_16BF, ldd, strideD,
-              batch, nullptr, ctx);
+              batch, nullptr);
 }
 
-void matmul_forward(bf16* out, const bf16* inp, const bf16* weight, const bf16* bias, int N, int C, int OC,
-                    const GpuContext& ctx) {
+void matmul_forward(bf16* out, const bf16* inp, const bf16* weight, const bf16* bias, int N, int C, int OC) {
+    const GpuContext& ctx = gpu::context();
     // out^T [OC, N] = (weight as [C, OC])^T · (inp as [C, N])
-    lt_matmul(true, false, OC, N, C, 1.0f, weight, C, 0, inp, C, 0, 0.0f, out, CUDA_R_16BF, OC, 0, 1, bias, ctx);
+    lt_matmul(true, false, OC, N, C, 1.0f, weight, C, 0, inp, C, 0, 0.0f, out, CUDA_R_16BF, OC, 0, 1, bias);
 }
 
-void matmul_backward_input(bf16* dinp, const bf16* dout, const bf16* weight, int N, int C, int OC,
-                           const GpuContext& ctx) {
-    matmul_backward_input_columns(dinp, dout, weight, N, C, OC, 0, C, ctx);
+void matmul_backward_input(bf16* dinp, const bf16* dout, const bf16* weight, int N, int C, int OC) {
+    const GpuContext& ctx = gpu::context();
+    matmul_backward_input_columns(dinp, dout, weight, N, C, OC, 0, C);
 }
 
 void matmul_backward_input_columns(bf16* dinp, const bf16* dout, const bf16* weight, int N, int C, int OC,
-                                   int c_begin, int c_end, const GpuContext& ctx) {
+                                   int c_begin, int c_end) {
+    const GpuContext& ctx = gpu::context();
     // dinp^T [width, N] = (weight columns as [width, OC], ld C) · (dout as [OC, N])
     const int width = c_end - c_begin;
     lt_matmul(false, false, width, N, OC, 1.0f, weight + c_begin, C, 0, dout, OC, 0, 0.0f, dinp, CUDA_R_16BF, width,
-              0, 1, nullptr, ctx);
+              0, 1, nullptr);
 }
 
 void matmul_backward_weight(float* dweight, float* dbias, const bf16* dout, const bf16* inp, int N, int C, int OC,
-                            int o_begin, int o_end, const GpuContext& ctx) {
+                            int o_begin, int o_end) {
+    const GpuContext& ctx = gpu::context();
     // dweight rows [o_begin, o_end) as [C, width]: += (inp as [C, N]) · (dout columns as [width, N], ld OC)^T
     const int width = o_end - o_begin;
     lt_matmul(false, true, C, width, N, 1.0f, inp, C, 0, dout + o_begin, OC, 0, 1.0f, dweight + int64_t(o_begin) * C,
-              CUDA_R_32F, C, 0, 1, nullptr, ctx);
-    if (dbias) bias_backward_columns(dbias + o_begin, dout + o_begin, N, width, OC, ctx);
+              CUDA_R_32F, C, 0, 1, nullptr);
+    if (dbias) bias_backward_columns(dbias + o_begin, dout + o_begin, N, width, OC);
 }
 
-}  // namespace tpsp::gpu
+}  // namespace tpsp

@@ -6,13 +6,11 @@
 #include <stdexcept>
 #include <string>
 
-namespace tpsp::gpu {
-
-void check_cuda(cudaError_t status, const char* what) {
-    if (status != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(status));
-}
-
-void check_launch(const char* kernel) { check_cuda(cudaGetLastError(), kernel); }
+namespace tpsp {
+using gpu::batched_gemm;
+using gpu::check_cuda;
+using gpu::check_launch;
+using gpu::GpuContext;
 
 // ----------------------------------------------------------------------------
 // launch shapes and reductions
@@ -60,7 +58,8 @@ __global__ void cast_to_bf16_kernel(bf16* out, const float* inp, int64_t n) {
     if (i < n) out[i] = to_bf16(inp[i]);
 }
 
-void cast_to_bf16(bf16* out, const float* inp, int64_t n, const GpuContext& ctx) {
+void cast_to_bf16(bf16* out, const float* inp, int64_t n) {
+    const GpuContext& ctx = gpu::context();
     if (n == 0) return;
     cast_to_bf16_kernel<<<blocks_for(n), block_threads, 0, ctx.stream>>>(out, inp, n);
     check_launch("cast_to_bf16");
@@ -81,7 +80,8 @@ __global__ void token_embedding_forward_kernel(bf16* out, const int* inp, const 
 }
 
 void token_embedding_forward(bf16* out, const int* inp, const float* wte, int vocab_start, int V_local, int B, int T,
-                             int C, const GpuContext& ctx) {
+                             int C) {
+    const GpuContext& ctx = gpu::context();
     token_embedding_forward_kernel<<<blocks_for(int64_t(T) * B * C), block_threads, 0, ctx.stream>>>(
         out, inp, wte, vocab_start, V_local, B, T, C);
     check_launch("token_embedding_forward");
@@ -99,7 +99,8 @@ __global__ void token_embedding_backward_kernel(float* dwte, const bf16* dout, c
 }
 
 void token_embedding_backward(float* dwte, const bf16* dout, const int* inp, int vocab_start, int V_local, int B,
-                              int T, int C, const GpuContext& ctx) {
+                              int T, int C) {
+    const GpuContext& ctx = gpu::context();
     token_embedding_backward_kernel<<<blocks_for(int64_t(T) * B * C), block_threads, 0, ctx.stream>>>(
         dwte, dout, inp, vocab_start, V_local, B, T, C);
     check_launch("token_embedding_backward");
@@ -113,8 +114,8 @@ __global__ void position_embedding_forward_kernel(bf16* out, const float* wpe, i
     out[i] = to_bf16(to_float(out[i]) + wpe[int64_t(pos_start + t) * C + c]);
 }
 
-void position_embedding_forward(bf16* out, const float* wpe, int pos_start, int T_local, int B, int C,
-                                const GpuContext& ctx) {
+void position_embedding_forward(bf16* out, const float* wpe, int pos_start, int T_local, int B, int C) {
+    const GpuContext& ctx = gpu::context();
     position_embedding_forward_kernel<<<blocks_for(int64_t(T_local) * B * C), block_threads, 0, ctx.stream>>>(
         out, wpe, pos_start, T_local, B, C);
     check_launch("position_embedding_forward");
@@ -131,8 +132,8 @@ __global__ void position_embedding_backward_kernel(float* dwpe, const bf16* dout
     dwpe[int64_t(pos_start + t) * C + c] += sum;
 }
 
-void position_embedding_backward(float* dwpe, const bf16* dout, int pos_start, int T_local, int B, int C,
-                                 const GpuContext& ctx) {
+void position_embedding_backward(float* dwpe, const bf16* dout, int pos_start, int T_local, int B, int C) {
+    const GpuContext& ctx = gpu::context();
     position_embedding_backward_kernel<<<blocks_for(int64_t(T_local) * C), block_threads, 0, ctx.stream>>>(
         dwpe, dout, pos_start, T_local, B, C);
     check_launch("position_embedding_backward");
@@ -169,8 +170,8 @@ __global__ void layernorm_forward_kernel(bf16* out, const bf16* inp, const float
     for (int c = lane; c < C; c += warp_size) o[c] = to_bf16((to_float(x[c]) - s.mean) * s.rstd * weight[c] + bias[c]);
 }
 
-void layernorm_forward(bf16* out, const bf16* inp, const float* weight, const float* bias, int N, int C,
-                       const GpuContext& ctx) {
+void layernorm_forward(bf16* out, const bf16* inp, const float* weight, const float* bias, int N, int C) {
+    const GpuContext& ctx = gpu::context();
     layernorm_forward_kernel<<<blocks_for(N, warps_per_block), block_threads, 0, ctx.stream>>>(out, inp, weight,
                                                                                                bias, N, C);
     check_launch("layernorm_forward");
@@ -216,7 +217,8 @@ __global__ void layernorm_backward_kernel(bf16* dinp, float* dweight, float* dbi
 }
 
 void layernorm_backward(bf16* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp,
-                        const float* weight, int N, int C, const GpuContext& ctx) {
+                        const float* weight, int N, int C) {
+    const GpuContext& ctx = gpu::context();
     constexpr int max_channels = 12288;  // 2·C floats of shared memory must fit in 96 KiB
     if (C > max_channels) throw std::runtime_error("layernorm_backward: C = " + std::to_string(C) + " > 12288");
     const size_t shared_bytes = sizeof(float) * 2 * C;
@@ -241,7 +243,8 @@ __global__ void gelu_forward_kernel(bf16* out, const bf16* inp, int64_t N) {
     out[i] = to_bf16(0.5f * x * (1.0f + tanhf(gelu_scale * (x + 0.044715f * x * x * x))));
 }
 
-void gelu_forward(bf16* out, const bf16* inp, int64_t N, const GpuContext& ctx) {
+void gelu_forward(bf16* out, const bf16* inp, int64_t N) {
+    const GpuContext& ctx = gpu::context();
     gelu_forward_kernel<<<blocks_for(N), block_threads, 0, ctx.stream>>>(out, inp, N);
     check_launch("gelu_forward");
 }
@@ -256,7 +259,8 @@ __global__ void gelu_backward_kernel(bf16* dinp, const bf16* inp, const bf16* do
     dinp[i] = to_bf16(to_float(dout[i]) * (0.5f * (1.0f + th) + 0.5f * x * sech2 * du_dx));
 }
 
-void gelu_backward(bf16* dinp, const bf16* inp, const bf16* dout, int64_t N, const GpuContext& ctx) {
+void gelu_backward(bf16* dinp, const bf16* inp, const bf16* dout, int64_t N) {
+    const GpuContext& ctx = gpu::context();
     gelu_backward_kernel<<<blocks_for(N), block_threads, 0, ctx.stream>>>(dinp, inp, dout, N);
     check_launch("gelu_backward");
 }
@@ -275,7 +279,8 @@ __global__ void dropout_forward_kernel(bf16* out, uint8_t* mask, const bf16* inp
 }
 
 void dropout_forward(bf16* out, uint8_t* mask, const bf16* inp, const DropoutBox& box, float p,
-                     const DropoutKey& key, const GpuContext& ctx) {
+                     const DropoutKey& key) {
+    const GpuContext& ctx = gpu::context();
     const int64_t n = box.n0 * box.n1 * box.n2;
     if (p == 0.0f) {  // as on the CPU: an all-ones mask and a copy
         check_cuda(cudaMemsetAsync(mask, 1, size_t(n), ctx.stream), "dropout_forward mask");
@@ -293,7 +298,8 @@ __global__ void dropout_backward_kernel(bf16* dinp, const uint8_t* mask, const b
     if (i < n) dinp[i] = mask[i] ? to_bf16(to_float(dout[i]) * scale) : to_bf16(0.0f);
 }
 
-void dropout_backward(bf16* dinp, const uint8_t* mask, const bf16* dout, int64_t n, float p, const GpuContext& ctx) {
+void dropout_backward(bf16* dinp, const uint8_t* mask, const bf16* dout, int64_t n, float p) {
+    const GpuContext& ctx = gpu::context();
     dropout_backward_kernel<<<blocks_for(n), block_threads, 0, ctx.stream>>>(dinp, mask, dout, n, 1.0f / (1.0f - p));
     check_launch("dropout_backward");
 }
@@ -306,7 +312,8 @@ __global__ void residual_forward_kernel(bf16* out, const bf16* inp1, const bf16*
     if (i < N) out[i] = to_bf16(to_float(inp1[i]) + to_float(inp2[i]));
 }
 
-void residual_forward(bf16* out, const bf16* inp1, const bf16* inp2, int64_t N, const GpuContext& ctx) {
+void residual_forward(bf16* out, const bf16* inp1, const bf16* inp2, int64_t N) {
+    const GpuContext& ctx = gpu::context();
     residual_forward_kernel<<<blocks_for(N), block_threads, 0, ctx.stream>>>(out, inp1, inp2, N);
     check_launch("residual_forward");
 }
@@ -316,7 +323,8 @@ __global__ void bias_forward_kernel(bf16* out, const float* bias, int N, int OC)
     if (i < int64_t(N) * OC) out[i] = to_bf16(to_float(out[i]) + bias[i % OC]);
 }
 
-void bias_forward(bf16* out, const float* bias, int N, int OC, const GpuContext& ctx) {
+void bias_forward(bf16* out, const float* bias, int N, int OC) {
+    const GpuContext& ctx = gpu::context();
     bias_forward_kernel<<<blocks_for(int64_t(N) * OC), block_threads, 0, ctx.stream>>>(out, bias, N, OC);
     check_launch("bias_forward");
 }
@@ -333,27 +341,25 @@ __global__ void bias_backward_kernel(float* dbias, const bf16* dout, int N, int 
     atomicAdd(&dbias[o], sum);
 }
 
-void bias_backward_columns(float* dbias, const bf16* dout, int N, int width, int row_stride, const GpuContext& ctx) {
+void bias_backward_columns(float* dbias, const bf16* dout, int N, int width, int row_stride) {
+    const GpuContext& ctx = gpu::context();
     const dim3 grid(blocks_for(width), blocks_for(N, bias_rows_per_chunk));
     bias_backward_kernel<<<grid, block_threads, 0, ctx.stream>>>(dbias, dout, N, width, row_stride);
     check_launch("bias_backward");
 }
 
-void bias_backward(float* dbias, const bf16* dout, int N, int OC, const GpuContext& ctx) {
-    bias_backward_columns(dbias, dout, N, OC, OC, ctx);
+void bias_backward(float* dbias, const bf16* dout, int N, int OC) {
+    const GpuContext& ctx = gpu::context();
+    bias_backward_columns(dbias, dout, N, OC, OC);
 }
 
 // ----------------------------------------------------------------------------
 // attention, explicit: per (batch, head) GEMMs run as strided batches over
 // head-major copies of Q, K, V; softmax and dropout are one kernel.
 //
-// scratch layout, each part [B, NH, T, hs] unless noted:
-//   q, k, v, o (the heads' output, or in backward the output's gradient),
-//   dq, dk, dv, then the score gradient [B, NH, T, T].
-
-int64_t attention_scratch_elements(int B, int T, int C, int NH) {
-    return 7 * int64_t(B) * T * C + int64_t(B) * NH * T * T;
-}
+// scratch layout (cuda_attention_scratch_elements), each part [B, NH, T, hs]
+// unless noted: q, k, v, o (the heads' output, or in backward the output's
+// gradient), dq, dk, dv, then the score gradient [B, NH, T, T].
 
 // dst [B, NH, T, hs] = columns [offset, offset + C) of src [T, B, width], head h in columns h·hs ..
 __global__ void to_head_major_kernel(bf16* dst, const bf16* src, int B, int T, int C, int NH, int width, int offset) {
@@ -374,15 +380,15 @@ __global__ void from_head_major_kernel(bf16* dst, const bf16* src, int B, int T,
     dst[(int64_t(t) * B + b) * width + offset + h * hs + d] = src[i];
 }
 
-static void to_head_major(bf16* dst, const bf16* src, int B, int T, int C, int NH, int width, int offset,
-                          const GpuContext& ctx) {
+static void to_head_major(bf16* dst, const bf16* src, int B, int T, int C, int NH, int width, int offset) {
+    const GpuContext& ctx = gpu::context();
     to_head_major_kernel<<<blocks_for(int64_t(B) * T * C), block_threads, 0, ctx.stream>>>(dst, src, B, T, C, NH,
                                                                                            width, offset);
     check_launch("to_head_major");
 }
 
-static void from_head_major(bf16* dst, const bf16* src, int B, int T, int C, int NH, int width, int offset,
-                            const GpuContext& ctx) {
+static void from_head_major(bf16* dst, const bf16* src, int B, int T, int C, int NH, int width, int offset) {
+    const GpuContext& ctx = gpu::context();
     from_head_major_kernel<<<blocks_for(int64_t(B) * T * C), block_threads, 0, ctx.stream>>>(dst, src, B, T, C, NH,
                                                                                              width, offset);
     check_launch("from_head_major");
@@ -437,56 +443,58 @@ __global__ void softmax_dropout_backward_kernel(bf16* dscores, const bf16* softm
 // one that cuBLASLt sees: each GEMM is written for the transposed product.
 void attention_forward(bf16* out, bf16* softmax_out, uint8_t* dropout_mask, bf16* dropout_out, const bf16* qkv,
                        bf16* scratch, int B, int T, int C, int NH, float p, const DropoutBox& box,
-                       const DropoutKey& key, const GpuContext& ctx) {
+                       const DropoutKey& key) {
+    const GpuContext& ctx = gpu::context();
     const int hs = C / NH, heads = B * NH;
     const int64_t head_elements = int64_t(B) * T * C, head_stride = int64_t(T) * hs, score_stride = int64_t(T) * T;
     bf16 *q = scratch, *k = q + head_elements, *v = k + head_elements, *o = v + head_elements;
-    to_head_major(q, qkv, B, T, C, NH, 3 * C, 0, ctx);
-    to_head_major(k, qkv, B, T, C, NH, 3 * C, C, ctx);
-    to_head_major(v, qkv, B, T, C, NH, 3 * C, 2 * C, ctx);
+    to_head_major(q, qkv, B, T, C, NH, 3 * C, 0);
+    to_head_major(k, qkv, B, T, C, NH, 3 * C, C);
+    to_head_major(v, qkv, B, T, C, NH, 3 * C, 2 * C);
     // scores [T, T] = Q K^T · scale, i.e. scores^T = K Q^T
     batched_gemm(true, false, T, T, hs, 1.0f / sqrtf(float(hs)), k, hs, head_stride, q, hs, head_stride, 0.0f,
-                 softmax_out, T, score_stride, heads, ctx);
+                 softmax_out, T, score_stride, heads);
     const int rows = heads * T;
     softmax_dropout_forward_kernel<<<blocks_for(rows, warps_per_block), block_threads, 0, ctx.stream>>>(
         softmax_out, dropout_mask, dropout_out, rows, T, p, box, key);
     check_launch("softmax_dropout_forward");
     // o [T, hs] = S V, i.e. o^T = V^T S^T
     batched_gemm(false, false, hs, T, T, 1.0f, v, hs, head_stride, dropout_out, T, score_stride, 0.0f, o, hs,
-                 head_stride, heads, ctx);
-    from_head_major(out, o, B, T, C, NH, C, 0, ctx);
+                 head_stride, heads);
+    from_head_major(out, o, B, T, C, NH, C, 0);
 }
 
 void attention_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* softmax_out,
                         const uint8_t* dropout_mask, const bf16* dropout_out, bf16* scratch, int B, int T, int C,
-                        int NH, float p, const GpuContext& ctx) {
+                        int NH, float p) {
+    const GpuContext& ctx = gpu::context();
     const int hs = C / NH, heads = B * NH;
     const int64_t head_elements = int64_t(B) * T * C, head_stride = int64_t(T) * hs, score_stride = int64_t(T) * T;
     bf16 *q = scratch, *k = q + head_elements, *v = k + head_elements, *dout_heads = v + head_elements;
     bf16 *dq = dout_heads + head_elements, *dk = dq + head_elements, *dv = dk + head_elements, *dscores = dv + head_elements;
-    to_head_major(q, qkv, B, T, C, NH, 3 * C, 0, ctx);
-    to_head_major(k, qkv, B, T, C, NH, 3 * C, C, ctx);
-    to_head_major(v, qkv, B, T, C, NH, 3 * C, 2 * C, ctx);
-    to_head_major(dout_heads, dout, B, T, C, NH, C, 0, ctx);
+    to_head_major(q, qkv, B, T, C, NH, 3 * C, 0);
+    to_head_major(k, qkv, B, T, C, NH, 3 * C, C);
+    to_head_major(v, qkv, B, T, C, NH, 3 * C, 2 * C);
+    to_head_major(dout_heads, dout, B, T, C, NH, C, 0);
     // dV [T, hs] = S^T dO, i.e. dV^T = dO^T S
     batched_gemm(false, true, hs, T, T, 1.0f, dout_heads, hs, head_stride, dropout_out, T, score_stride, 0.0f, dv, hs,
-                 head_stride, heads, ctx);
+                 head_stride, heads);
     // dS [T, T] = dO V^T, i.e. dS^T = V dO^T
     batched_gemm(true, false, T, T, hs, 1.0f, v, hs, head_stride, dout_heads, hs, head_stride, 0.0f, dscores, T,
-                 score_stride, heads, ctx);
+                 score_stride, heads);
     const int rows = heads * T;
     softmax_dropout_backward_kernel<<<blocks_for(rows, warps_per_block), block_threads, 0, ctx.stream>>>(
         dscores, softmax_out, dropout_mask, rows, T, 1.0f / (1.0f - p), 1.0f / sqrtf(float(hs)));
     check_launch("softmax_dropout_backward");
     // dQ [T, hs] = dD K, i.e. dQ^T = K^T dD^T
     batched_gemm(false, false, hs, T, T, 1.0f, k, hs, head_stride, dscores, T, score_stride, 0.0f, dq, hs,
-                 head_stride, heads, ctx);
+                 head_stride, heads);
     // dK [T, hs] = dD^T Q, i.e. dK^T = Q^T dD
     batched_gemm(false, true, hs, T, T, 1.0f, q, hs, head_stride, dscores, T, score_stride, 0.0f, dk, hs,
-                 head_stride, heads, ctx);
-    from_head_major(dqkv, dq, B, T, C, NH, 3 * C, 0, ctx);
-    from_head_major(dqkv, dk, B, T, C, NH, 3 * C, C, ctx);
-    from_head_major(dqkv, dv, B, T, C, NH, 3 * C, 2 * C, ctx);
+                 head_stride, heads);
+    from_head_major(dqkv, dq, B, T, C, NH, 3 * C, 0);
+    from_head_major(dqkv, dk, B, T, C, NH, 3 * C, C);
+    from_head_major(dqkv, dv, B, T, C, NH, 3 * C, 2 * C);
 }
 
 // ----------------------------------------------------------------------------
@@ -500,8 +508,8 @@ __global__ void crossentropy_max_forward_kernel(float* maxes, const bf16* logits
     if (threadIdx.x == 0) maxes[blockIdx.x] = maxval;
 }
 
-void crossentropy_max_forward(float* maxes, const bf16* logits, int N, int V_real, int Vp_local,
-                              const GpuContext& ctx) {
+void crossentropy_max_forward(float* maxes, const bf16* logits, int N, int V_real, int Vp_local) {
+    const GpuContext& ctx = gpu::context();
     crossentropy_max_forward_kernel<<<N, block_threads, 0, ctx.stream>>>(maxes, logits, V_real, Vp_local);
     check_launch("crossentropy_max_forward");
 }
@@ -523,7 +531,8 @@ __global__ void crossentropy_sum_forward_kernel(float* stats, const bf16* logits
 }
 
 void crossentropy_sum_forward(float* stats, const bf16* logits, const float* maxes, const int* targets,
-                              int vocab_start, int N, int V_real, int Vp_local, const GpuContext& ctx) {
+                              int vocab_start, int N, int V_real, int Vp_local) {
+    const GpuContext& ctx = gpu::context();
     crossentropy_sum_forward_kernel<<<N, block_threads, 0, ctx.stream>>>(stats, logits, maxes, targets, vocab_start,
                                                                          N, V_real, Vp_local);
     check_launch("crossentropy_sum_forward");
@@ -537,8 +546,8 @@ __global__ void crossentropy_loss_forward_kernel(float* losses, float* lse, cons
     losses[n] = lse[n] - stats[N + n];
 }
 
-void crossentropy_loss_forward(float* losses, float* lse, const float* maxes, const float* stats, int N,
-                               const GpuContext& ctx) {
+void crossentropy_loss_forward(float* losses, float* lse, const float* maxes, const float* stats, int N) {
+    const GpuContext& ctx = gpu::context();
     crossentropy_loss_forward_kernel<<<blocks_for(N), block_threads, 0, ctx.stream>>>(losses, lse, maxes, stats, N);
     check_launch("crossentropy_loss_forward");
 }
@@ -557,10 +566,11 @@ __global__ void crossentropy_backward_kernel(bf16* logits, const float* lse, con
 }
 
 void crossentropy_backward(bf16* logits, const float* lse, const int* targets, int vocab_start, float dloss, int N,
-                           int V_real, int Vp_local, const GpuContext& ctx) {
+                           int V_real, int Vp_local) {
+    const GpuContext& ctx = gpu::context();
     crossentropy_backward_kernel<<<N, block_threads, 0, ctx.stream>>>(logits, lse, targets, vocab_start, dloss,
                                                                       V_real, Vp_local);
     check_launch("crossentropy_backward");
 }
 
-}  // namespace tpsp::gpu
+}  // namespace tpsp

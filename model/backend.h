@@ -1,0 +1,52 @@
+// What the GPT model needs from the machine it runs on, for the CPU: fp32
+// activations in host memory, the kernels of cpu_kernels.h, the MPI
+// communicator. cuda_backend.h is the same list for CUDA. The model code
+// (gpt_model.h) is written once against this list: kernels are called by
+// name and overloaded on the activation type, and the few operations whose
+// arguments differ between the backends are the static functions below.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "model/kernels/cpu_kernels.h"
+#include "model/tensor_table.h"
+#include "parallel/communicator.h"
+
+namespace tpsp {
+
+// The CUDA attention kernels' scratch (attention_scratch.h), as a table
+// dimension; here so that the memory report can size a GPU run anywhere.
+Dim cuda_attention_scratch(int64_t b, int64_t s, int64_t h, int64_t a, int64_t t);
+
+struct CpuBackend {
+    using Act = float;           // activation element: e = 4
+    using Comm = Communicator;   // MPI
+    static constexpr const char* name = "cpu";
+    // the GEMMs read the fp32 parameters themselves
+    static constexpr bool copies_gemm_weights = false;
+
+    static const Memory& memory() { return host_memory; }
+    static void copy(void* dst, const void* src, size_t bytes) { std::memmove(dst, src, bytes); }
+    static void upload(void* dst, const void* host, size_t bytes) { std::memcpy(dst, host, bytes); }
+    static void download(void* host, const void* src, size_t bytes) { std::memcpy(host, src, bytes); }
+    static void zero(void* data, size_t bytes) { std::memset(data, 0, bytes); }
+    // Σ x² in double
+    static double square_sum(const float* x, int64_t n);
+
+    // attention_backward's scratch: one [s, s] score gradient per OpenMP thread
+    static Dim attention_scratch(int64_t b, int64_t s, int64_t h, int64_t a, int64_t t);
+    // qkv [s, b, 3h/t] → out [s, b, h/t], saving S', the mask and S (cpu_kernels.h)
+    static void attention_forward(float* out, float* softmax_out, uint8_t* dropout_mask, float* dropout_out,
+                                  const float* qkv, float* scratch, int B, int T, int C, int NH, float p,
+                                  const DropoutBox& box, const DropoutKey& key);
+    static void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* softmax_out,
+                                   const uint8_t* dropout_mask, const float* dropout_out, float* scratch, int B,
+                                   int T, int C, int NH, float p);
+    // after the cross-entropy's all-reduces: lse = max + log Σ, loss = lse − target logit
+    static void finish_losses(float* losses, float* lse, const float* maxes, const float* stats, int N);
+    // mean of losses [N], to the host
+    static float mean_loss(const float* losses, int N);
+};
+
+}  // namespace tpsp

@@ -1,0 +1,404 @@
+// The GPT's tables, forward and backward, written once for both backends
+// (gpt.h declares them). Kernels are called by name: the CPU ones
+// (cpu_kernels.h) take fp32 activations, the CUDA ones (cuda_kernels.h)
+// bf16, and overloading picks. A translation unit that instantiates the CUDA
+// model includes cuda_kernels.h before this file, so that both sets of
+// overloads are in view where the templates are defined.
+//
+// Included by gpt.cpp (the CPU model), gpt_cuda.cu (the CUDA model) and
+// memory_report.cpp (the tables, for either dtype).
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <vector>
+
+#include "model/gpt.h"
+#include "model/kernels/cpu_kernels.h"
+
+namespace tpsp {
+
+// ----------------------------------------------------------------------------
+// tables
+
+// A dimension split t ways: its size on one rank, named "3h/t" (or "3h" when t = 1).
+inline Dim split_dim(int64_t full, const std::string& symbol, int t) {
+    return {full / t, t > 1 ? symbol + "/t" : symbol};
+}
+
+template <class Act>
+std::vector<TensorSpec> gemm_weight_table(const GPTConfig& c, int t, GemmWeights<Act>* w) {
+    Dim L{c.num_layers, "L"}, h{c.channels, "h"};
+    Dim Vp = split_dim(c.padded_vocab_size, "Vp", t), h_t = split_dim(c.channels, "h", t);
+    Dim h3_t = split_dim(3 * c.channels, "3h", t), h4_t = split_dim(4 * c.channels, "4h", t);
+    return {
+        tensor("wte", {Vp, h}, &w->wte),          tensor("qkvw", {L, h3_t, h}, &w->qkvw),
+        tensor("qkvb", {L, h3_t}, &w->qkvb),      tensor("attprojw", {L, h, h_t}, &w->attprojw),
+        tensor("fcw", {L, h4_t, h}, &w->fcw),     tensor("fcb", {L, h4_t}, &w->fcb),
+        tensor("fcprojw", {L, h, h4_t}, &w->fcprojw),
+    };
+}
+
+template <class Act>
+std::vector<TensorSpec> block_activation_table(const GPTConfig& c, const RunShape& r, const TensorParallelism& tp,
+                                               BlockActivations<Act>* a) {
+    const int t = tp.size;
+    Dim b{r.batch, "b"}, s{r.seq_len, "s"}, h{c.channels, "h"};
+    Dim s_local = tp.sequence_parallel ? split_dim(r.seq_len, "s", t) : s;
+    Dim heads = split_dim(c.num_heads, "a", t), h_t = split_dim(c.channels, "h", t);
+    Dim h3_t = split_dim(3 * c.channels, "3h", t), h4_t = split_dim(4 * c.channels, "4h", t);
+    return {
+        tensor("ln1_in", {s_local, b, h}, &a->ln1_in),
+        tensor("ln1_out", {s_local, b, h}, &a->ln1_out),
+        tensor("qkv", {s, b, h3_t}, &a->qkv),
+        tensor("softmax_out", {b, heads, s, s}, &a->softmax_out),
+        tensor("attn_dropout_mask", {b, heads, s, s}, &a->attn_dropout_mask),
+        tensor("attn_dropout_out", {b, heads, s, s}, &a->attn_dropout_out),
+        tensor("attn_out", {s, b, h_t}, &a->attn_out),
+        tensor("proj_dropout_mask", {s_local, b, h}, &a->proj_dropout_mask),
+        tensor("ln2_in", {s_local, b, h}, &a->ln2_in),
+        tensor("ln2_out", {s_local, b, h}, &a->ln2_out),
+        tensor("gelu_in", {s, b, h4_t}, &a->gelu_in),
+        tensor("gelu_out", {s, b, h4_t}, &a->gelu_out),
+        tensor("fc2_dropout_mask", {s_local, b, h}, &a->fc2_dropout_mask),
+    };
+}
+
+template <class Act>
+std::vector<TensorSpec> outside_activation_table(const GPTConfig& c, const RunShape& r, const TensorParallelism& tp,
+                                                 OutsideActivations<Act>* a) {
+    Dim b{r.batch, "b"}, s{r.seq_len, "s"}, h{c.channels, "h"};
+    Dim s_local = tp.sequence_parallel ? split_dim(r.seq_len, "s", tp.size) : s;
+    return {
+        tensor("embedding_dropout_mask", {s_local, b, h}, &a->embedding_dropout_mask),
+        tensor("lnf_in", {s_local, b, h}, &a->lnf_in),
+        tensor("lnf_out", {s_local, b, h}, &a->lnf_out),
+        tensor("logits", {s, b, split_dim(c.padded_vocab_size, "Vp", tp.size)}, &a->logits),
+        tensor("losses", {s, b}, &a->losses),
+        tensor("lse", {s, b}, &a->lse),
+    };
+}
+
+// Elements of the replicated parameters (packed for their one all-reduce).
+int64_t replicated_parameter_elements(const GPTConfig& c);
+
+template <class Act>
+std::vector<TensorSpec> workspace_table(const GPTConfig& c, const RunShape& r, const TensorParallelism& tp,
+                                        const Dim& attention_scratch, Workspace<Act>* w) {
+    const int t = tp.size;
+    Dim b{r.batch, "b"}, s{r.seq_len, "s"}, h{c.channels, "h"};
+    Dim s_local = tp.sequence_parallel ? split_dim(r.seq_len, "s", t) : s;
+    bool packs_replicated = tp.sequence_parallel && t > 1;
+    bool overlapped_rs = packs_replicated && (tp.overlap.rs || tp.overlap.rs_dgrad);
+    return {
+        tensor("stream_grad", {s_local, b, h}, &w->stream_grad),
+        tensor("branch", {s_local, b, h}, &w->branch),
+        tensor("local_grad", {s_local, b, h}, &w->local_grad),
+        tensor("gathered", {s, b, h}, &w->gathered),
+        tensor("partial", {s, b, h}, &w->partial),
+        tensor("attn_grad", {s, b, split_dim(c.channels, "h", t)}, &w->attn_grad),
+        tensor("wide_grad", {s, b, split_dim(4 * c.channels, "4h", t)}, &w->wide_grad),
+        tensor("ln_stats", {{2, "2"}, s_local, b}, &w->ln_stats),
+        tensor("vocab_stats", {{3, "3"}, s, b}, &w->vocab_stats),
+        tensor("attention_scratch", {attention_scratch}, &w->attention_scratch),
+        tensor("replicated_grads", {{packs_replicated ? replicated_parameter_elements(c) : 0, "replicated"}},
+               &w->replicated_grads),
+        tensor("rs_scratch", {{overlapped_rs ? 3 : 0, "3"}, s_local, b, h}, &w->rs_scratch),
+    };
+}
+
+// ----------------------------------------------------------------------------
+// construction
+
+template <class Backend>
+GPTModel<Backend>::GPTModel(const GPTConfig& c, const RunShape& r, const TensorParallelism& t, Comm* group)
+    : config(c), shape(r), tp(t), group_(group ? group : &single_rank_group_),
+      mappings_(group_, t.sequence_parallel && t.size > 1) {
+    if (group_->size() != tp.size || group_->rank() != tp.rank)
+        throw std::logic_error("GPT: the communicator does not match the tensor-parallel layout");
+    const Memory& memory = Backend::memory();
+    parameter_specs = parameter_table(config, tp.size, &params);
+    param_arena = Arena(parameter_specs, memory);
+    grad_arena = Arena(parameter_table(config, tp.size, &grads), memory);
+    num_parameters = int64_t(param_arena.bytes() / sizeof(float));
+    if constexpr (Backend::copies_gemm_weights) {
+        weight_arena = Arena(gemm_weight_table(config, tp.size, &weights), memory);
+    } else {
+        weights = {params.wte, params.qkvw, params.qkvb, params.attprojw, params.fcw, params.fcb, params.fcprojw};
+    }
+
+    blocks.resize(config.num_layers);
+    std::vector<TensorSpec> activations;
+    for (BlockActivations<Act>& block : blocks) {
+        std::vector<TensorSpec> table = block_activation_table(config, shape, tp, &block);
+        activations.insert(activations.end(), table.begin(), table.end());
+    }
+    std::vector<TensorSpec> outside_table = outside_activation_table(config, shape, tp, &outside);
+    activations.insert(activations.end(), outside_table.begin(), outside_table.end());
+    activation_arena = Arena(activations, memory);
+    const Dim scratch = Backend::attention_scratch(shape.batch, shape.seq_len, config.channels, config.num_heads,
+                                                   tp.size);
+    workspace_arena = Arena(workspace_table(config, shape, tp, scratch, &workspace), memory);
+    token_arena = Arena(token_table(shape, &tokens), memory);
+    host_row_targets_.resize(size_t(shape.batch) * shape.seq_len);
+    linears_ = std::make_unique<ParallelLinears<Comm, Act>>(group_, tp.sequence_parallel, tp.overlap,
+                                                            shape.seq_len * shape.batch, local_seq() * shape.batch,
+                                                            workspace.rs_scratch);
+}
+
+template <class Backend>
+int GPTModel<Backend>::local_seq() const {
+    return tp.sequence_parallel ? shape.seq_len / tp.size : shape.seq_len;
+}
+
+template <class Backend>
+int GPTModel<Backend>::seq_start() const {
+    return tp.sequence_parallel ? tp.rank * local_seq() : 0;
+}
+
+template <class Backend>
+void GPTModel<Backend>::zero_grad() {
+    Backend::zero(grad_arena.data(), grad_arena.bytes());
+}
+
+// The full model's weights from the seed, as at t = 1 (gpt.cpp).
+std::vector<float> initial_full_parameters(const GPTConfig& config, uint64_t seed);
+
+template <class Backend>
+void GPTModel<Backend>::init_random(uint64_t seed) {
+    std::vector<float> full = initial_full_parameters(config, seed);
+    std::vector<float> shard(static_cast<size_t>(num_parameters));
+    copy_parameter_shards(config, tp.size, tp.rank, full.data(), shard.data(), ShardDirection::full_to_shard);
+    Backend::upload(params.wte, shard.data(), shard.size() * sizeof(float));
+}
+
+// ----------------------------------------------------------------------------
+// forward
+
+// Puts a span of compute on the trace, when one is being recorded.
+template <class Comm, class F>
+void traced(Comm* group, const char* name, F&& f) {
+    double start = now_seconds();
+    f();
+    if (group->tracer) group->tracer->record(name, Track::compute, start, now_seconds());
+}
+
+// Dropout boxes: where this rank's tensors sit in the global ones, whose
+// element order is [B_global, s, h] for token tensors and
+// [B_global, a, s, s] for attention probabilities.
+inline DropoutBox token_box(int s_local, int B, int S, int C, int seq_start, int64_t batch_offset) {
+    return {s_local, B, C, C, int64_t(S) * C, seq_start, batch_offset};
+}
+
+inline DropoutBox probs_box(int B, int heads_local, int heads, int S, int head_start, int64_t batch_offset) {
+    int64_t ss = int64_t(S) * S;
+    return {B, heads_local, ss, heads * ss, ss, batch_offset, head_start};
+}
+
+// On the GPU: the bf16 copies of the GEMM weights from the fp32 master weights.
+template <class Backend>
+void GPTModel<Backend>::refresh_gemm_weights() {
+    if constexpr (Backend::copies_gemm_weights) {
+        const int64_t C = config.channels, L = config.num_layers, t = tp.size;
+        Backend::cast(weights.wte, params.wte, int64_t(config.padded_vocab_size) / t * C);
+        Backend::cast(weights.qkvw, params.qkvw, L * 3 * C / t * C);
+        Backend::cast(weights.qkvb, params.qkvb, L * 3 * C / t);
+        Backend::cast(weights.attprojw, params.attprojw, L * C * (C / t));
+        Backend::cast(weights.fcw, params.fcw, L * 4 * C / t * C);
+        Backend::cast(weights.fcb, params.fcb, L * 4 * C / t);
+        Backend::cast(weights.fcprojw, params.fcprojw, L * C * (4 * C / t));
+    }
+}
+
+template <class Backend>
+void GPTModel<Backend>::block_forward(int l, Act* block_out, const DropoutStep& draw, float p) {
+    const int B = shape.batch, T = shape.seq_len, C = config.channels, t = tp.size;
+    const int Ct = C / t, heads = config.num_heads / t, hidden = 4 * C / t;
+    const int N = T * B, N_local = local_seq() * B;  // rows of the full and of the local activations
+    BlockActivations<Act>& a = blocks[l];
+    Workspace<Act>& w = workspace;
+    DropoutBox token_positions = token_box(local_seq(), B, T, C, seq_start(), draw.batch_offset);
+    DropoutBox probs = probs_box(B, heads, config.num_heads, T, tp.rank * heads, draw.batch_offset);
+    auto key = [&](DropoutSite site) { return DropoutKey{draw.seed, draw.step, uint32_t(l), site}; };
+
+    // attention half: ln2_in = ln1_in + dropout(ḡ(proj(attention(qkv(g(ln1(ln1_in)))))) + bias)
+    layernorm_forward(a.ln1_out, a.ln1_in, params.ln1w + l * C, params.ln1b + l * C, N_local, C);
+    linears_->column_forward("qkv", a.qkv, a.ln1_out, w.gathered, weights.qkvw + int64_t(l) * 3 * Ct * C,
+                             weights.qkvb + l * 3 * Ct, C, 3 * Ct);
+    traced(group_, "attention", [&] {
+        Backend::attention_forward(a.attn_out, a.softmax_out, a.attn_dropout_mask, a.attn_dropout_out, a.qkv,
+                                   w.attention_scratch, B, T, Ct, heads, p, probs,
+                                   key(DropoutSite::attention_probs));
+    });
+    Act* y = linears_->row_forward("attention proj", a.attn_out, w.partial, w.branch,
+                                   weights.attprojw + int64_t(l) * C * Ct, Ct, C);
+    bias_forward(y, params.attprojb + l * C, N_local, C);
+    dropout_forward(y, a.proj_dropout_mask, y, token_positions, p, key(DropoutSite::attention_proj));
+    residual_forward(a.ln2_in, a.ln1_in, y, int64_t(N_local) * C);
+
+    // MLP half: block_out = ln2_in + dropout(ḡ(fc2(gelu(fc1(g(ln2(ln2_in)))))) + bias)
+    layernorm_forward(a.ln2_out, a.ln2_in, params.ln2w + l * C, params.ln2b + l * C, N_local, C);
+    linears_->column_forward("fc1", a.gelu_in, a.ln2_out, w.gathered, weights.fcw + int64_t(l) * hidden * C,
+                             weights.fcb + l * hidden, C, hidden);
+    traced(group_, "gelu", [&] { gelu_forward(a.gelu_out, a.gelu_in, int64_t(N) * hidden); });
+    y = linears_->row_forward("fc2", a.gelu_out, w.partial, w.branch, weights.fcprojw + int64_t(l) * C * hidden,
+                              hidden, C);
+    bias_forward(y, params.fcprojb + l * C, N_local, C);
+    dropout_forward(y, a.fc2_dropout_mask, y, token_positions, p, key(DropoutSite::mlp_fc2));
+    residual_forward(block_out, a.ln2_in, y, int64_t(N_local) * C);
+}
+
+// Final LayerNorm, the column-parallel LM head and the vocabulary-parallel
+// cross-entropy: the full logits never exist on one rank.
+template <class Backend>
+void GPTModel<Backend>::classifier_forward() {
+    const int C = config.channels, N = shape.seq_len * shape.batch, N_local = local_seq() * shape.batch;
+    const int Vp_local = config.padded_vocab_size / tp.size, vocab_start = tp.rank * Vp_local;
+    const int V_real = std::max(0, std::min(Vp_local, config.vocab_size - vocab_start));
+    layernorm_forward(outside.lnf_out, outside.lnf_in, params.lnfw, params.lnfb, N_local, C);
+    linears_->column_forward("lm head", outside.logits, outside.lnf_out, workspace.gathered, weights.wte,
+                             static_cast<const Act*>(nullptr), C, Vp_local);
+
+    float* maxes = workspace.vocab_stats;
+    float* stats = workspace.vocab_stats + N;  // Σ exp [N], then the target logit [N]
+    crossentropy_max_forward(maxes, outside.logits, N, V_real, Vp_local);
+    group_->all_reduce_max(maxes, size_t(N));
+    crossentropy_sum_forward(stats, outside.logits, maxes, tokens.row_targets, vocab_start, N, V_real, Vp_local);
+    group_->all_reduce_sum(stats, size_t(2) * N);
+    Backend::finish_losses(outside.losses, outside.lse, maxes, stats, N);
+}
+
+template <class Backend>
+float GPTModel<Backend>::forward(const int* inputs, const int* targets, const DropoutStep& draw, bool training) {
+    const int B = shape.batch, T = shape.seq_len, C = config.channels, L = config.num_layers;
+    const int N = T * B;
+    const int Vp_local = config.padded_vocab_size / tp.size;
+    const float p = training ? shape.dropout : 0.0f;
+    for (int b = 0; b < B; b++)  // into the activations' row order, [s, b]
+        for (int t = 0; t < T; t++) host_row_targets_[size_t(t) * B + b] = targets[b * T + t];
+    Backend::upload(tokens.inputs, inputs, sizeof(int) * N);
+    Backend::upload(tokens.row_targets, host_row_targets_.data(), sizeof(int) * N);
+    refresh_gemm_weights();
+
+    // vocabulary-parallel embedding: each rank looks up the tokens it holds,
+    // ḡ sums them (into this rank's sequence shard); then positions and dropout
+    Workspace<Act>& w = workspace;
+    token_embedding_forward(w.partial, tokens.inputs, params.wte, tp.rank * Vp_local, Vp_local, B, T, C);
+    Act* x = mappings_.gbar_forward(w.partial, w.branch, size_t(N) * C);
+    position_embedding_forward(x, params.wpe, seq_start(), local_seq(), B, C);
+    dropout_forward(blocks[0].ln1_in, outside.embedding_dropout_mask, x,
+                    token_box(local_seq(), B, T, C, seq_start(), draw.batch_offset), p,
+                    {draw.seed, draw.step, 0, DropoutSite::embedding});
+    for (int l = 0; l < L; l++) block_forward(l, l + 1 < L ? blocks[l + 1].ln1_in : outside.lnf_in, draw, p);
+    classifier_forward();
+    return Backend::mean_loss(outside.losses, N);
+}
+
+// ----------------------------------------------------------------------------
+// backward
+
+// On entry workspace.stream_grad holds dL/d(block output); on exit dL/d(block input).
+template <class Backend>
+void GPTModel<Backend>::block_backward(int l) {
+    const int B = shape.batch, T = shape.seq_len, C = config.channels, t = tp.size;
+    const int Ct = C / t, heads = config.num_heads / t, hidden = 4 * C / t;
+    const int N = T * B, N_local = local_seq() * B;
+    const float p = shape.dropout;
+    const BlockActivations<Act>& a = blocks[l];
+    Workspace<Act>& w = workspace;
+
+    // MLP half
+    dropout_backward(w.branch, a.fc2_dropout_mask, w.stream_grad, int64_t(N_local) * C, p);
+    bias_backward(grads.fcprojb + l * C, w.branch, N_local, C);
+    linears_->row_backward("fc2 backward", w.wide_grad, w.branch, w.gathered, a.gelu_out,
+                           weights.fcprojw + int64_t(l) * C * hidden, grads.fcprojw + int64_t(l) * C * hidden, hidden,
+                           C);
+    traced(group_, "gelu backward", [&] { gelu_backward(w.wide_grad, a.gelu_in, w.wide_grad, int64_t(N) * hidden); });
+    const Act* dln = linears_->column_backward("fc1 backward", w.wide_grad, a.ln2_out, w.gathered, w.partial,
+                                               w.local_grad, weights.fcw + int64_t(l) * hidden * C,
+                                               grads.fcw + int64_t(l) * hidden * C, grads.fcb + l * hidden, C, hidden);
+    layernorm_backward(w.stream_grad, grads.ln2w + l * C, grads.ln2b + l * C, dln, a.ln2_in, params.ln2w + l * C,
+                       w.ln_stats, N_local, C);
+
+    // attention half
+    dropout_backward(w.branch, a.proj_dropout_mask, w.stream_grad, int64_t(N_local) * C, p);
+    bias_backward(grads.attprojb + l * C, w.branch, N_local, C);
+    linears_->row_backward("attention proj backward", w.attn_grad, w.branch, w.gathered, a.attn_out,
+                           weights.attprojw + int64_t(l) * C * Ct, grads.attprojw + int64_t(l) * C * Ct, Ct, C);
+    traced(group_, "attention backward", [&] {
+        Backend::attention_backward(w.wide_grad, w.attn_grad, a.qkv, a.softmax_out, a.attn_dropout_mask,
+                                    a.attn_dropout_out, w.attention_scratch, B, T, Ct, heads, p);
+    });
+    dln = linears_->column_backward("qkv backward", w.wide_grad, a.ln1_out, w.gathered, w.partial, w.local_grad,
+                                    weights.qkvw + int64_t(l) * 3 * Ct * C, grads.qkvw + int64_t(l) * 3 * Ct * C,
+                                    grads.qkvb + l * 3 * Ct, C, 3 * Ct);
+    layernorm_backward(w.stream_grad, grads.ln1w + l * C, grads.ln1b + l * C, dln, a.ln1_in, params.ln1w + l * C,
+                       w.ln_stats, N_local, C);
+}
+
+// Leaves dL/d(lnf_in) in workspace.stream_grad.
+template <class Backend>
+void GPTModel<Backend>::classifier_backward(float dloss_scale) {
+    const int C = config.channels, N = shape.seq_len * shape.batch, N_local = local_seq() * shape.batch;
+    const int Vp_local = config.padded_vocab_size / tp.size, vocab_start = tp.rank * Vp_local;
+    const int V_real = std::max(0, std::min(Vp_local, config.vocab_size - vocab_start));
+    Workspace<Act>& w = workspace;
+    crossentropy_backward(outside.logits, outside.lse, tokens.row_targets, vocab_start, dloss_scale, N, V_real,
+                          Vp_local);
+    const Act* dln = linears_->column_backward("lm head backward", outside.logits, outside.lnf_out, w.gathered,
+                                               w.partial, w.local_grad, weights.wte, grads.wte, nullptr, C, Vp_local);
+    Backend::zero(w.stream_grad, sizeof(Act) * N_local * C);
+    layernorm_backward(w.stream_grad, grads.lnfw, grads.lnfb, dln, outside.lnf_in, params.lnfw, w.ln_stats, N_local,
+                       C);
+}
+
+template <class Backend>
+void GPTModel<Backend>::backward(float dloss_scale) {
+    const int B = shape.batch, T = shape.seq_len, C = config.channels, L = config.num_layers;
+    const int N = T * B, N_local = local_seq() * B, Vp_local = config.padded_vocab_size / tp.size;
+    Workspace<Act>& w = workspace;
+    classifier_backward(dloss_scale);
+    for (int l = L - 1; l >= 0; l--) block_backward(l);
+    dropout_backward(w.branch, outside.embedding_dropout_mask, w.stream_grad, int64_t(N_local) * C, shape.dropout);
+    position_embedding_backward(grads.wpe, w.branch, seq_start(), local_seq(), B, C);
+    const Act* demb = mappings_.gbar_backward(static_cast<const Act*>(w.branch), w.gathered, size_t(N) * C);
+    token_embedding_backward(grads.wte, demb, tokens.inputs, tp.rank * Vp_local, Vp_local, B, T, C);
+}
+
+// ----------------------------------------------------------------------------
+// gradients of the replicated parameters
+
+template <class Backend>
+void GPTModel<Backend>::reduce_replicated_grads() {
+    if (!(tp.sequence_parallel && tp.size > 1)) return;  // without SP every rank computed the same, whole gradient
+    float* packed = workspace.replicated_grads;
+    auto visit = [&](bool pack) {
+        int64_t at = 0, offset = 0;
+        for (const TensorSpec& t : parameter_specs) {
+            if (parameter_is_replicated(t.name)) {
+                float* g = grads.wte + at;
+                if (pack) Backend::copy(packed + offset, g, t.bytes());
+                else Backend::copy(g, packed + offset, t.bytes());
+                offset += t.elements();
+            }
+            at += t.elements();
+        }
+        return offset;
+    };
+    int64_t count = visit(true);
+    group_->all_reduce_sum(packed, size_t(count));
+    visit(false);
+}
+
+template <class Backend>
+void GPTModel<Backend>::grad_square_sums(double* sharded, double* replicated) const {
+    *sharded = *replicated = 0.0;
+    int64_t at = 0;
+    for (const TensorSpec& t : parameter_specs) {
+        double sum = Backend::square_sum(grads.wte + at, t.elements());
+        (parameter_is_replicated(t.name) ? *replicated : *sharded) += sum;
+        at += t.elements();
+    }
+}
+
+}  // namespace tpsp
