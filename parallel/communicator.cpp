@@ -73,6 +73,12 @@ MpiTransfer Communicator::start_receive(float* data, size_t count, int peer, int
     return t;
 }
 
+void Communicator::start_exchange(const float* send, float* receive, size_t count, int to, int from, int tag,
+                                  const char* name, Transfer* sent, Transfer* received) {
+    *sent = start_send(send, count, to, tag);
+    *received = start_receive(receive, count, from, tag, name);
+}
+
 MpiTransfer Communicator::start_all_gather(const float* shard, float* full, size_t count, const char* name) {
     if (size_ == 1) {
         if (full != shard) std::memcpy(full, shard, count * 4);

@@ -77,6 +77,11 @@ public:
     // Non-blocking: start, then test() between tiles of compute, then wait().
     Transfer start_send(const float* data, size_t count, int peer, int tag);
     Transfer start_receive(float* data, size_t count, int peer, int tag, const char* name);
+    // A ring step: send `count` elements to rank `to` while receiving as many
+    // from rank `from` (one paired operation on the GPU, so that neither side
+    // can block the other).
+    void start_exchange(const float* send, float* receive, size_t count, int to, int from, int tag, const char* name,
+                        Transfer* sent, Transfer* received);
     Transfer start_all_gather(const float* shard, float* full, size_t count, const char* name);
     Transfer start_reduce_scatter(const float* full, float* shard, size_t count, const char* name);
     bool test(Transfer& t);  // moves it on; true once complete (and delivered, on the emulated link)

@@ -57,10 +57,9 @@ void ring_all_gather_overlapped(Comm& comm, const T* local, T* full, size_t coun
     for (int step = 0; step < t; step++) {
         const int chunk = (r + step) % t, next = (r + step + 1) % t;
         Transfer send, receive;
-        if (step + 1 < t) {
-            send = comm.start_send(full + size_t(chunk) * count, count, (r - 1 + t) % t, step);
-            receive = comm.start_receive(full + size_t(next) * count, count, (r + 1) % t, step, "ring all-gather");
-        }
+        if (step + 1 < t)
+            comm.start_exchange(full + size_t(chunk) * count, full + size_t(next) * count, count, (r - 1 + t) % t,
+                                (r + 1) % t, step, "ring all-gather", &send, &receive);
         compute(chunk, full + size_t(chunk) * count, Poll<Comm>(comm, {&send, &receive}));
         comm.wait(receive);
         comm.wait(send);
@@ -93,8 +92,8 @@ void ring_reduce_scatter_overlapped(Comm& comm, T* local, T* scratch, size_t cou
         if (step + 1 < t) {
             comm.wait(send);
             std::swap(work, outgoing);
-            send = comm.start_send(outgoing, count, (r + 1) % t, step);
-            receive = comm.start_receive(incoming, count, (r - 1 + t) % t, step, "ring reduce-scatter");
+            comm.start_exchange(outgoing, incoming, count, (r + 1) % t, (r - 1 + t) % t, step, "ring reduce-scatter",
+                                &send, &receive);
         }
     }
     comm.wait(send);

@@ -133,8 +133,9 @@ TEST_F(CudaKernels, LayerNormMatchesCpu) {
         d_dbias(std::vector<float>(channels, -0.5f));
     DeviceBuffer<bf16> d_out(inp.size());
     layernorm_forward(d_out.data(), d_inp.data(), d_weight.data(), d_bias.data(), rows, channels);
+    DeviceBuffer<float> d_scratch(2 * rows);
     layernorm_backward(d_dinp.data(), d_dweight.data(), d_dbias.data(), d_dout.data(), d_inp.data(),
-                            d_weight.data(), rows, channels);
+                            d_weight.data(), d_scratch.data(), rows, channels);
     expect_close(host_float(d_out), out, "layernorm out");
     expect_close(host_float(d_dinp), dinp, "layernorm dinp (accumulated)");
     expect_close(host(d_dweight), dweight, "layernorm dweight", 1e-3);

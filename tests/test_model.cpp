@@ -200,6 +200,26 @@ TEST(Memory, ArenaEqualsTheFormulaExactly) {
     }
 }
 
+TEST(Memory, CudaTablesAreThePapersFormulaWithBf16) {
+    // the CUDA model's tables (bf16, e = 2) are Korthikanti et al.'s
+    // sbh(34/t + 5as/(ht)) under SP, sbh(10 + 24/t + 5as/(ht)) without, 34sbh + 5as²b at t = 1
+    GPTConfig c;
+    c.num_layers = 2, c.num_heads = 8, c.channels = 64, c.max_seq_len = 48, c.vocab_size = 50, c.padded_vocab_size = 64;
+    const int64_t b = 3, s = 48, h = 64, a = 8;
+    RunShape shape{int(b), int(s), 0.1f};
+    for (int64_t t : {1, 2, 4}) {
+        for (bool sp : {true, false}) {
+            MemoryReport report = memory_report(c, shape, {int(t), 0, sp, {}}, Device::cuda);
+            int64_t paper = t == 1 ? 34 * s * b * h + 5 * a * s * s * b
+                            : sp   ? s * b * h * 34 / t + 5 * a * s * s * b / t
+                                   : s * b * h * 10 + s * b * h * 24 / t + 5 * a * s * s * b / t;
+            EXPECT_EQ(report.block_bytes, paper) << "t=" << t << (sp ? " TP+SP" : " TP only");
+            EXPECT_EQ(report.block_bytes, block_activation_formula_bytes(b, s, h, a, 2, t, sp || t == 1));
+            EXPECT_NE(report.text.find("bf16 activations (e=2)"), std::string::npos);
+        }
+    }
+}
+
 TEST(Memory, EveryRanksTableEqualsItsModesFormula) {
     GPTConfig c;
     c.num_layers = 2, c.num_heads = 8, c.channels = 64, c.max_seq_len = 36, c.vocab_size = 50, c.padded_vocab_size = 64;

@@ -126,6 +126,12 @@ void matmul_forward(bf16* out, const bf16* inp, const bf16* weight, const bf16* 
     lt_matmul(true, false, OC, N, C, 1.0f, weight, C, 0, inp, C, 0, 0.0f, out, CUDA_R_16BF, OC, 0, 1, bias);
 }
 
+void matmul_backward(bf16* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp,
+                     const bf16* weight, int N, int C, int OC) {
+    matmul_backward_input(dinp, dout, weight, N, C, OC);
+    matmul_backward_weight(dweight, dbias, dout, inp, N, C, OC, 0, OC);
+}
+
 void matmul_backward_input(bf16* dinp, const bf16* dout, const bf16* weight, int N, int C, int OC) {
     const GpuContext& ctx = gpu::context();
     matmul_backward_input_columns(dinp, dout, weight, N, C, OC, 0, C);

@@ -177,58 +177,61 @@ void layernorm_forward(bf16* out, const bf16* inp, const float* weight, const fl
     check_launch("layernorm_forward");
 }
 
-// Each block takes rows in turn (one warp per row) and sums its rows'
-// parameter gradients in shared memory, then adds them to dweight and dbias
-// once per block.
-__global__ void layernorm_backward_kernel(bf16* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp,
-                                          const float* weight, int N, int C) {
-    extern __shared__ float block_grads[];  // [2, C]: dweight, dbias of this block's rows
-    float* block_dweight = block_grads;
-    float* block_dbias = block_grads + C;
-    for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) block_grads[c] = 0.0f;
-    __syncthreads();
-    const int lane = threadIdx.x % warp_size;
-    for (int row = blockIdx.x * warps_per_block + threadIdx.x / warp_size; row < N;
-         row += gridDim.x * warps_per_block) {
-        const bf16* x = inp + int64_t(row) * C;
-        const bf16* d = dout + int64_t(row) * C;
-        bf16* dx = dinp + int64_t(row) * C;
-        const RowStatistics s = row_statistics(x, C, lane);
-        float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
-        for (int c = lane; c < C; c += warp_size) {
-            float dnorm = weight[c] * to_float(d[c]);
-            dnorm_mean += dnorm;
-            dnorm_norm_mean += dnorm * (to_float(x[c]) - s.mean) * s.rstd;
-        }
-        dnorm_mean = warp_sum(dnorm_mean) / C;
-        dnorm_norm_mean = warp_sum(dnorm_norm_mean) / C;
-        for (int c = lane; c < C; c += warp_size) {
-            const float norm = (to_float(x[c]) - s.mean) * s.rstd, dc = to_float(d[c]);
-            dx[c] = to_bf16(to_float(dx[c]) + (weight[c] * dc - dnorm_mean - norm * dnorm_norm_mean) * s.rstd);
-            atomicAdd(&block_dweight[c], norm * dc);
-            atomicAdd(&block_dbias[c], dc);
-        }
+// One warp per row: the row statistics into scratch, and dinp.
+__global__ void layernorm_backward_input_kernel(bf16* dinp, float* scratch, const bf16* dout, const bf16* inp,
+                                                const float* weight, int N, int C) {
+    const int row = blockIdx.x * warps_per_block + threadIdx.x / warp_size, lane = threadIdx.x % warp_size;
+    if (row >= N) return;
+    const bf16* x = inp + int64_t(row) * C;
+    const bf16* d = dout + int64_t(row) * C;
+    bf16* dx = dinp + int64_t(row) * C;
+    const RowStatistics s = row_statistics(x, C, lane);
+    if (lane == 0) {
+        scratch[row] = s.mean;
+        scratch[N + row] = s.rstd;
     }
-    __syncthreads();
-    for (int c = threadIdx.x; c < C; c += blockDim.x) {
-        atomicAdd(&dweight[c], block_dweight[c]);
-        atomicAdd(&dbias[c], block_dbias[c]);
+    float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
+    for (int c = lane; c < C; c += warp_size) {
+        float dnorm = weight[c] * to_float(d[c]);
+        dnorm_mean += dnorm;
+        dnorm_norm_mean += dnorm * (to_float(x[c]) - s.mean) * s.rstd;
+    }
+    dnorm_mean = warp_sum(dnorm_mean) / C;
+    dnorm_norm_mean = warp_sum(dnorm_norm_mean) / C;
+    for (int c = lane; c < C; c += warp_size) {
+        const float norm = (to_float(x[c]) - s.mean) * s.rstd;
+        dx[c] = to_bf16(to_float(dx[c]) + (weight[c] * to_float(d[c]) - dnorm_mean - norm * dnorm_norm_mean) * s.rstd);
     }
 }
 
+// grid (column blocks, row chunks): a thread sums one channel over a chunk of rows
+constexpr int layernorm_rows_per_chunk = 256;
+
+__global__ void layernorm_backward_params_kernel(float* dweight, float* dbias, const float* scratch, const bf16* dout,
+                                                 const bf16* inp, int N, int C) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    const int n0 = blockIdx.y * layernorm_rows_per_chunk, n1 = min(N, n0 + layernorm_rows_per_chunk);
+    float dw = 0.0f, db = 0.0f;
+    for (int n = n0; n < n1; n++) {
+        const float d = to_float(dout[int64_t(n) * C + c]);
+        dw += (to_float(inp[int64_t(n) * C + c]) - scratch[n]) * scratch[N + n] * d;
+        db += d;
+    }
+    atomicAdd(&dweight[c], dw);
+    atomicAdd(&dbias[c], db);
+}
+
 void layernorm_backward(bf16* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp,
-                        const float* weight, int N, int C) {
+                        const float* weight, float* scratch, int N, int C) {
     const GpuContext& ctx = gpu::context();
-    constexpr int max_channels = 12288;  // 2·C floats of shared memory must fit in 96 KiB
-    if (C > max_channels) throw std::runtime_error("layernorm_backward: C = " + std::to_string(C) + " > 12288");
-    const size_t shared_bytes = sizeof(float) * 2 * C;
-    check_cuda(cudaFuncSetAttribute(layernorm_backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    int(shared_bytes)),
-               "layernorm_backward shared memory");
-    const unsigned blocks = std::min(blocks_for(N, warps_per_block), 512u);
-    layernorm_backward_kernel<<<blocks, block_threads, shared_bytes, ctx.stream>>>(dinp, dweight, dbias, dout, inp,
-                                                                                   weight, N, C);
+    layernorm_backward_input_kernel<<<blocks_for(N, warps_per_block), block_threads, 0, ctx.stream>>>(
+        dinp, scratch, dout, inp, weight, N, C);
     check_launch("layernorm_backward");
+    const dim3 grid(blocks_for(C), blocks_for(N, layernorm_rows_per_chunk));
+    layernorm_backward_params_kernel<<<grid, block_threads, 0, ctx.stream>>>(dweight, dbias, scratch, dout, inp, N,
+                                                                             C);
+    check_launch("layernorm_backward parameters");
 }
 
 // ----------------------------------------------------------------------------

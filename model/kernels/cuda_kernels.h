@@ -75,13 +75,16 @@ void position_embedding_backward(float* dwpe, const bf16* dout, int pos_start, i
 
 // out [N, C] = (inp − mean) · rstd · weight + bias per row; mean and rstd are not kept.
 void layernorm_forward(bf16* out, const bf16* inp, const float* weight, const float* bias, int N, int C);
-// dinp [N, C] ACCUMULATES; the row statistics are recomputed from inp. C ≤ 12288.
+// dinp [N, C] ACCUMULATES; the row statistics are recomputed from inp into scratch [2N].
 void layernorm_backward(bf16* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp,
-                        const float* weight, int N, int C);
+                        const float* weight, float* scratch, int N, int C);
 
 // GEMMs through cuBLASLt, fp32 accumulation (cuda_gemm.cu).
 // out [N, OC] = inp [N, C] @ weight [OC, C]^T + bias [OC]  (bias may be null: a bias epilogue otherwise)
 void matmul_forward(bf16* out, const bf16* inp, const bf16* weight, const bf16* bias, int N, int C, int OC);
+// dinp [N, C] OVERWRITTEN; dweight [OC, C] and dbias [OC] (fp32) accumulate.
+void matmul_backward(bf16* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp,
+                     const bf16* weight, int N, int C, int OC);
 // dgrad: dinp [N, C] = dout [N, OC] @ weight [OC, C]   (OVERWRITTEN)
 void matmul_backward_input(bf16* dinp, const bf16* dout, const bf16* weight, int N, int C, int OC);
 // dgrad of the input columns [c_begin, c_end): dinp [N, c_end − c_begin]   (OVERWRITTEN)

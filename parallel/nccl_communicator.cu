@@ -1,0 +1,203 @@
+#include "parallel/nccl_communicator.h"
+
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+namespace tpsp {
+
+using gpu::check_cuda;
+
+static void check_nccl(ncclResult_t result, const char* what) {
+    if (result != ncclSuccess) throw std::runtime_error(std::string(what) + ": " + ncclGetErrorString(result));
+}
+
+// A few completion events, reused in turn: a schedule has at most four
+// transfers in flight, so an event is long complete before it comes round again.
+constexpr int event_pool_size = 32;
+static cudaEvent_t pooled_event() {
+    static cudaEvent_t pool[event_pool_size] = {};
+    static int next = 0;
+    cudaEvent_t& event = pool[next];
+    next = (next + 1) % event_pool_size;
+    if (!event) check_cuda(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate");
+    return event;
+}
+
+static cudaStream_t compute_stream() { return gpu::context().stream; }
+
+NcclCommunicator::NcclCommunicator(MPI_Comm comm) : mpi_(comm) {
+    MPI_Comm_rank(comm, &rank_);
+    MPI_Comm_size(comm, &size_);
+    if (size_ == 1) return;
+    ncclUniqueId id;
+    if (rank_ == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    MPI_Bcast(&id, int(sizeof id), MPI_BYTE, 0, comm);
+    check_nccl(ncclCommInitRank(&nccl_, size_, id, rank_), "ncclCommInitRank");
+    check_cuda(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking), "communication stream");
+    check_cuda(cudaEventCreateWithFlags(&compute_ready_, cudaEventDisableTiming), "cudaEventCreate");
+}
+
+NcclCommunicator::NcclCommunicator(NcclCommunicator&& other) noexcept { *this = std::move(other); }
+
+NcclCommunicator& NcclCommunicator::operator=(NcclCommunicator&& other) noexcept {
+    std::swap(mpi_, other.mpi_);
+    std::swap(nccl_, other.nccl_);
+    std::swap(comm_stream_, other.comm_stream_);
+    std::swap(compute_ready_, other.compute_ready_);
+    std::swap(rank_, other.rank_);
+    std::swap(size_, other.size_);
+    return *this;
+}
+
+NcclCommunicator::~NcclCommunicator() { release(); }
+
+void NcclCommunicator::release() {
+    if (comm_stream_) cudaStreamSynchronize(comm_stream_);
+    if (nccl_) ncclCommDestroy(nccl_);
+    if (comm_stream_) cudaStreamDestroy(comm_stream_);
+    if (compute_ready_) cudaEventDestroy(compute_ready_);
+    nccl_ = nullptr;
+    comm_stream_ = nullptr;
+    compute_ready_ = nullptr;
+}
+
+void NcclCommunicator::after_compute() {
+    check_cuda(cudaEventRecord(compute_ready_, compute_stream()), "cudaEventRecord");
+    check_cuda(cudaStreamWaitEvent(comm_stream_, compute_ready_, 0), "cudaStreamWaitEvent");
+}
+
+NcclTransfer NcclCommunicator::finish_enqueue(const char* name, bool counts) {
+    Transfer t;
+    t.done = pooled_event();
+    check_cuda(cudaEventRecord(t.done, comm_stream_), "cudaEventRecord");
+    t.name = name;
+    t.started = now_seconds();
+    t.counts = counts;
+    t.active = true;
+    return t;
+}
+
+bool NcclCommunicator::test(Transfer& t) {
+    if (!t.active) return true;
+    if (cudaEventQuery(t.done) != cudaSuccess) return false;
+    t.active = false;
+    if (t.counts) {
+        const double end = now_seconds();
+        time.total += end - t.started;
+        if (tracer) tracer->record(t.name, Track::communication, t.started, end);
+    }
+    return true;
+}
+
+void NcclCommunicator::wait(Transfer& t) {
+    if (!t.active) return;
+    check_cuda(cudaStreamWaitEvent(compute_stream(), t.done, 0), "cudaStreamWaitEvent");
+    t.active = false;
+    if (t.counts) time.total += now_seconds() - t.started;
+}
+
+void NcclCommunicator::start_exchange(const bf16* send, bf16* receive, size_t count, int to, int from, int,
+                                      const char* name, Transfer* sent, Transfer* received) {
+    after_compute();
+    check_nccl(ncclGroupStart(), "ncclGroupStart");
+    check_nccl(ncclSend(send, count, ncclBfloat16, to, nccl_, comm_stream_), "ncclSend");
+    check_nccl(ncclRecv(receive, count, ncclBfloat16, from, nccl_, comm_stream_), "ncclRecv");
+    check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+    *received = finish_enqueue(name, true);
+    *sent = Transfer{};  // completes with the receive: one paired operation
+}
+
+NcclTransfer NcclCommunicator::start_all_gather(const bf16* shard, bf16* full, size_t count, const char* name) {
+    if (size_ == 1) {
+        if (full != shard) copy(full, shard, count);
+        return {};
+    }
+    bytes.all_gather += int64_t(count) * size_ * int64_t(sizeof(bf16));
+    after_compute();
+    check_nccl(ncclAllGather(shard, full, count, ncclBfloat16, nccl_, comm_stream_), "ncclAllGather");
+    return finish_enqueue(name, true);
+}
+
+NcclTransfer NcclCommunicator::start_reduce_scatter(const bf16* full, bf16* shard, size_t count, const char* name) {
+    if (size_ == 1) {
+        if (full != shard) copy(shard, full, count);
+        return {};
+    }
+    bytes.reduce_scatter += int64_t(count) * size_ * int64_t(sizeof(bf16));
+    after_compute();
+    check_nccl(ncclReduceScatter(full, shard, count, ncclBfloat16, ncclSum, nccl_, comm_stream_),
+               "ncclReduceScatter");
+    return finish_enqueue(name, true);
+}
+
+void NcclCommunicator::all_gather(const bf16* shard, bf16* full, size_t count) {
+    Transfer t = start_all_gather(shard, full, count, "all-gather");
+    wait(t);
+}
+
+void NcclCommunicator::reduce_scatter(const bf16* full, bf16* shard, size_t count) {
+    Transfer t = start_reduce_scatter(full, shard, count, "reduce-scatter");
+    wait(t);
+}
+
+void NcclCommunicator::all_reduce(void* data, size_t count, ncclDataType_t type, ncclRedOp_t op,
+                                  size_t element_bytes) {
+    if (size_ == 1) return;
+    bytes.all_reduce += int64_t(count * element_bytes);
+    after_compute();
+    check_nccl(ncclAllReduce(data, data, count, type, op, nccl_, comm_stream_), "ncclAllReduce");
+    Transfer t = finish_enqueue("all-reduce", true);
+    wait(t);
+}
+
+void NcclCommunicator::all_reduce_sum(bf16* data, size_t count) {
+    all_reduce(data, count, ncclBfloat16, ncclSum, sizeof(bf16));
+}
+void NcclCommunicator::all_reduce_sum(float* data, size_t count) {
+    all_reduce(data, count, ncclFloat32, ncclSum, sizeof(float));
+}
+void NcclCommunicator::all_reduce_max(float* data, size_t count) {
+    all_reduce(data, count, ncclFloat32, ncclMax, sizeof(float));
+}
+
+void NcclCommunicator::all_reduce_sum(double* data, size_t count) {
+    if (size_ > 1) MPI_Allreduce(MPI_IN_PLACE, data, int(count), MPI_DOUBLE, MPI_SUM, mpi_);
+}
+
+void NcclCommunicator::gather(const float* send, float* receive, size_t count, int root) {
+    if (size_ == 1) {
+        if (receive != send) std::memcpy(receive, send, count * sizeof(float));
+        return;
+    }
+    MPI_Gather(send, int(count), MPI_FLOAT, receive, int(count), MPI_FLOAT, root, mpi_);
+}
+
+// ----------------------------------------------------------------------------
+// buffer work on the compute stream
+
+__global__ void add_kernel(bf16* acc, const bf16* x, size_t count) {
+    size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i < count) acc[i] = __float2bfloat16(__bfloat162float(acc[i]) + __bfloat162float(x[i]));
+}
+
+void NcclCommunicator::copy(bf16* dst, const bf16* src, size_t count) {
+    check_cuda(cudaMemcpyAsync(dst, src, count * sizeof(bf16), cudaMemcpyDeviceToDevice, compute_stream()),
+               "copy");
+}
+
+void NcclCommunicator::add(bf16* acc, const bf16* x, size_t count) {
+    constexpr unsigned threads = 256;
+    add_kernel<<<unsigned((count + threads - 1) / threads), threads, 0, compute_stream()>>>(acc, x, count);
+    gpu::check_launch("add");
+}
+
+void NcclCommunicator::copy_rows(bf16* dst, size_t dst_stride, const bf16* src, size_t src_stride, size_t rows,
+                                 size_t width) {
+    check_cuda(cudaMemcpy2DAsync(dst, dst_stride * sizeof(bf16), src, src_stride * sizeof(bf16), width * sizeof(bf16),
+                                 rows, cudaMemcpyDeviceToDevice, compute_stream()),
+               "copy_rows");
+}
+
+}  // namespace tpsp

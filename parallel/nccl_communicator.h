@@ -1,0 +1,95 @@
+// The communicator of one process group on GPUs: the operations of
+// communicator.h, on device buffers, through NCCL. Bootstrapped over MPI:
+// rank 0 of the group makes the NCCL unique id and broadcasts it.
+//
+// Streams: every NCCL operation runs on the group's own communication
+// stream. It first waits (an event) for the work already enqueued on the
+// compute stream, so that it sends finished data; wait(t) makes the compute
+// stream wait for t's completion event, without blocking the host. test(t)
+// asks the event whether t is done. The schedules of overlap.h therefore run
+// unchanged: their compute goes on the compute stream while the transfers
+// they started move on the communication stream. A ring step sends and
+// receives in one NCCL group, so no rank's send can wait on a receive queued
+// behind it: correctness does not rest on CUDA_DEVICE_MAX_CONNECTIONS=1.
+//
+// Bytes count as on the CPU (the full tensor per collective). Time is the
+// host's view: a transfer counts from its start to the poll or wait that
+// finds it done, and "exposed" is left at 0 (waits do not block the host).
+// The emulated link of the CPU communicator does not exist here.
+#pragma once
+#include <mpi.h>
+#include <nccl.h>
+
+#include <cstddef>
+
+#include "model/kernels/cuda_kernels.h"
+#include "parallel/communicator.h"
+
+namespace tpsp {
+
+struct NcclTransfer {
+    cudaEvent_t done = nullptr;  // recorded on the communication stream after the operation
+    const char* name = "";
+    double started = 0.0;
+    bool counts = true;
+    bool active = false;
+};
+
+class NcclCommunicator {
+public:
+    using Transfer = NcclTransfer;
+    NcclCommunicator() = default;  // a group of one
+    // Collective over comm: every rank of it makes the NCCL communicator
+    // together. The compute stream is the kernels' (gpu::context()).
+    explicit NcclCommunicator(MPI_Comm comm);
+    NcclCommunicator(const NcclCommunicator&) = delete;
+    NcclCommunicator& operator=(const NcclCommunicator&) = delete;
+    NcclCommunicator(NcclCommunicator&& other) noexcept;
+    NcclCommunicator& operator=(NcclCommunicator&& other) noexcept;
+    ~NcclCommunicator();
+    int rank() const { return rank_; }
+    int size() const { return size_; }
+    MPI_Comm* mpi() { return &mpi_; }
+
+    // Blocking with respect to the compute stream (not the host).
+    void all_gather(const bf16* shard, bf16* full, size_t count);
+    void reduce_scatter(const bf16* full, bf16* shard, size_t count);
+    void all_reduce_sum(bf16* data, size_t count);
+    void all_reduce_sum(float* data, size_t count);
+    void all_reduce_max(float* data, size_t count);
+    // host doubles, over MPI (norms and losses)
+    void all_reduce_sum(double* data, size_t count);
+    // host floats, over MPI (checkpoints)
+    void gather(const float* send, float* receive, size_t count, int root);
+
+    void start_exchange(const bf16* send, bf16* receive, size_t count, int to, int from, int tag, const char* name,
+                        Transfer* sent, Transfer* received);
+    Transfer start_all_gather(const bf16* shard, bf16* full, size_t count, const char* name);
+    Transfer start_reduce_scatter(const bf16* full, bf16* shard, size_t count, const char* name);
+    bool test(Transfer& t);
+    void wait(Transfer& t);
+
+    // Buffer work of the schedules, as kernels on the compute stream.
+    void copy(bf16* dst, const bf16* src, size_t count);
+    void add(bf16* acc, const bf16* x, size_t count);
+    void copy_rows(bf16* dst, size_t dst_stride, const bf16* src, size_t src_stride, size_t rows, size_t width);
+
+    EmulatedLink link;  // not supported on the GPU: must stay off
+    CollectiveBytes bytes;
+    CommunicationTime time;
+    Tracer* tracer = nullptr;
+
+private:
+    // The communication stream waits for the compute stream's work so far.
+    void after_compute();
+    Transfer finish_enqueue(const char* name, bool counts);
+    void all_reduce(void* data, size_t count, ncclDataType_t type, ncclRedOp_t op, size_t element_bytes);
+    void release();
+    MPI_Comm mpi_ = MPI_COMM_NULL;
+    ncclComm_t nccl_ = nullptr;
+    cudaStream_t comm_stream_ = nullptr;
+    cudaEvent_t compute_ready_ = nullptr;
+    int rank_ = 0, size_ = 1;
+};
+
+}  // namespace tpsp

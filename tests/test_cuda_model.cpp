@@ -1,0 +1,114 @@
+// The CUDA model against the CPU model at t = 1 on the tiny config's shape:
+// the same weights, tokens and dropout draw give the same loss and gradients
+// (at bf16 tolerances) and bit-identical masks; its arenas are the tables,
+// whose blocks are the paper's formula with e = 2. Skipped without a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/kernels/cuda_kernels.h"
+
+#include "model/cuda_backend.h"
+#include "model/gpt.h"
+#include "model/kernels/cuda_device.h"
+
+using namespace tpsp;
+
+namespace {
+
+// configs/tiny.yaml's model, on a shorter batch
+GPTConfig tiny_config() {
+    GPTConfig c;
+    c.num_layers = 4, c.num_heads = 4, c.channels = 128, c.vocab_size = 256, c.padded_vocab_size = 256;
+    c.max_seq_len = 128;
+    return c;
+}
+
+std::vector<float> download_floats(const float* device, int64_t n) {
+    std::vector<float> host(static_cast<size_t>(n));
+    CudaBackend::download(host.data(), device, sizeof(float) * n);
+    return host;
+}
+
+std::vector<uint8_t> download_bytes(const uint8_t* device, int64_t n) {
+    std::vector<uint8_t> host(static_cast<size_t>(n));
+    CudaBackend::download(host.data(), device, size_t(n));
+    return host;
+}
+
+double relative_error(const float* got, const float* want, int64_t n) {
+    double diff = 0.0, norm = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        diff += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
+        norm += double(want[i]) * want[i];
+    }
+    return std::sqrt(diff / std::max(norm, 1e-30));
+}
+
+class CudaModel : public ::testing::Test {
+protected:
+    void SetUp() override {
+        if (gpu::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+        runtime_ = std::make_unique<gpu::GpuRuntime>(0);
+    }
+
+private:
+    std::unique_ptr<gpu::GpuRuntime> runtime_;
+};
+
+}  // namespace
+
+TEST_F(CudaModel, LossGradientsAndMasksMatchTheCpuModel) {
+    const GPTConfig config = tiny_config();
+    const RunShape shape{4, 64, 0.1f};
+    const int N = shape.batch * shape.seq_len;
+    std::vector<int> inputs(static_cast<size_t>(N)), targets(static_cast<size_t>(N));
+    for (int i = 0; i < N; i++) {
+        inputs[i] = (i * 97 + 13) % config.vocab_size;
+        targets[i] = (i * 31 + 7) % config.vocab_size;
+    }
+    const DropoutStep draw{1234, 7, 0};
+
+    GPT cpu(config, shape);
+    GPTModel<CudaBackend> gpu_model(config, shape);
+    cpu.init_random(42);
+    gpu_model.init_random(42);
+    cpu.zero_grad();
+    gpu_model.zero_grad();
+    const float cpu_loss = cpu.forward(inputs.data(), targets.data(), draw);
+    const float gpu_loss = gpu_model.forward(inputs.data(), targets.data(), draw);
+    EXPECT_NEAR(gpu_loss, cpu_loss, 1e-2 * cpu_loss);
+    cpu.backward(1.0f / N);
+    gpu_model.backward(1.0f / N);
+
+    std::vector<float> gpu_grads = download_floats(gpu_model.grads.wte, gpu_model.num_parameters);
+    int64_t at = 0;
+    for (const TensorSpec& t : cpu.parameter_specs) {
+        EXPECT_LT(relative_error(gpu_grads.data() + at, cpu.grads.wte + at, t.elements()), 5e-2) << "d" << t.name;
+        at += t.elements();
+    }
+    const int64_t scores = int64_t(shape.batch) * config.num_heads * shape.seq_len * shape.seq_len;
+    const int64_t tokens = int64_t(N) * config.channels;
+    for (int l = 0; l < config.num_layers; l++) {
+        SCOPED_TRACE("layer " + std::to_string(l));
+        EXPECT_EQ(download_bytes(gpu_model.blocks[l].attn_dropout_mask, scores),
+                  std::vector<uint8_t>(cpu.blocks[l].attn_dropout_mask, cpu.blocks[l].attn_dropout_mask + scores));
+        EXPECT_EQ(download_bytes(gpu_model.blocks[l].fc2_dropout_mask, tokens),
+                  std::vector<uint8_t>(cpu.blocks[l].fc2_dropout_mask, cpu.blocks[l].fc2_dropout_mask + tokens));
+    }
+}
+
+TEST_F(CudaModel, ArenaIsTheBf16Formula) {
+    const GPTConfig config = tiny_config();
+    const RunShape shape{4, 64, 0.1f};
+    GPTModel<CudaBackend> model(config, shape);
+    const int64_t b = shape.batch, s = shape.seq_len, h = config.channels, a = config.num_heads;
+    const int64_t per_block = 34 * s * b * h + 5 * a * s * s * b;  // e = 2, t = 1
+    EXPECT_EQ(per_block, block_activation_formula_bytes(b, s, h, a, 2, 1, true));
+    // outside the blocks: the embedding mask, lnf in and out, the logits (bf16), losses and lse (fp32)
+    const int64_t outside = b * s * (h * (1 + 2 + 2) + 2 * config.padded_vocab_size + 8);
+    EXPECT_EQ(int64_t(model.activation_arena.bytes()), config.num_layers * per_block + outside);
+}
