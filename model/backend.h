@@ -15,6 +15,12 @@
 
 namespace tpsp {
 
+// One AdamW update's constants (train/adamw.h computes them).
+struct AdamWStep {
+    float lr, beta1, beta2, eps, grad_scale;
+    float correction1, correction2;  // 1 − β^step
+};
+
 // The CUDA attention kernels' scratch (attention_scratch.h), as a table
 // dimension; here so that the memory report can size a GPU run anywhere.
 Dim cuda_attention_scratch(int64_t b, int64_t s, int64_t h, int64_t a, int64_t t);
@@ -22,6 +28,10 @@ Dim cuda_attention_scratch(int64_t b, int64_t s, int64_t h, int64_t a, int64_t t
 struct CpuBackend {
     using Act = float;           // activation element: e = 4
     using Comm = Communicator;   // MPI
+    // what a rank holds while it computes: nothing on the CPU (a GPU on CUDA)
+    struct Runtime {
+        explicit Runtime(int /*local rank*/) {}
+    };
     static constexpr const char* name = "cpu";
     // the GEMMs read the fp32 parameters themselves
     static constexpr bool copies_gemm_weights = false;
@@ -47,6 +57,15 @@ struct CpuBackend {
     static void finish_losses(float* losses, float* lse, const float* maxes, const float* stats, int N);
     // mean of losses [N], to the host
     static float mean_loss(const float* losses, int N);
+
+    // AdamW on n parameters with one weight decay: params, m, v updated in place
+    static void adamw_update(float* params, const float* grads, float* m, float* v, int64_t n, float weight_decay,
+                             const AdamWStep& step);
+    // waits for the work enqueued so far (nothing to wait for on the CPU)
+    static void synchronize() {}
+    // the denominator of MFU: OpenBLAS sgemm measured now, all threads
+    static double peak_flops();
+    static const char* peak_flops_name() { return "sgemm peak"; }
 };
 
 }  // namespace tpsp

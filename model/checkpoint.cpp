@@ -57,8 +57,12 @@ int64_t full_parameter_count(const GPTConfig& config) {
 }
 
 void load_checkpoint(GPT& model, const std::string& path) {
-    check_checkpoint_model(path, model.config);
-    const int64_t count = full_parameter_count(model.config);
+    read_checkpoint_shard(model.config, model.tp.size, model.tp.rank, path, model.params.wte);
+}
+
+void read_checkpoint_shard(const GPTConfig& config, int t, int rank, const std::string& path, float* shard) {
+    check_checkpoint_model(path, config);
+    const int64_t count = full_parameter_count(config);
     uintmax_t expected = 1024 + uintmax_t(count) * 4;
     std::error_code ec;
     uintmax_t actual = std::filesystem::file_size(path, ec);
@@ -72,8 +76,7 @@ void load_checkpoint(GPT& model, const std::string& path) {
     size_t got = std::fread(full.data(), sizeof(float), full.size(), f);
     std::fclose(f);
     if (got != full.size()) throw FileError(path + ": checkpoint is truncated");
-    copy_parameter_shards(model.config, model.tp.size, model.tp.rank, full.data(), model.params.wte,
-                          ShardDirection::full_to_shard);
+    copy_parameter_shards(config, t, rank, full.data(), shard, ShardDirection::full_to_shard);
 }
 
 std::string read_whole_file(const std::string& path, const std::string& what) {

@@ -24,7 +24,10 @@ GPTConfig read_checkpoint_config(const std::string& path);
 void check_checkpoint_model(const std::string& path, const GPTConfig& config);
 // Number of parameters of the whole (unsharded) model.
 int64_t full_parameter_count(const GPTConfig& config);
-// Loads this rank's shard of the parameters; the file's model must equal model.config.
+// Reads rank `rank` of t's shard of the parameters into shard (host memory);
+// the file's model must equal config.
+void read_checkpoint_shard(const GPTConfig& config, int t, int rank, const std::string& path, float* shard);
+// Loads this rank's shard of the parameters into a CPU model.
 void load_checkpoint(GPT& model, const std::string& path);
 // Writes the whole model's parameters `full` (llm.c order) to PATH.tmp, then
 // renames it to PATH: a crash never leaves half a file.

@@ -7,6 +7,9 @@
 #include <cstdint>
 
 #include "model/kernels/cuda_kernels.h"
+
+#include "model/gpt.h"
+#include "model/kernels/cuda_device.h"
 #include "model/tensor_table.h"
 #include "parallel/nccl_communicator.h"
 
@@ -15,6 +18,10 @@ namespace tpsp {
 struct CudaBackend {
     using Act = bf16;  // e = 2
     using Comm = NcclCommunicator;
+    // the GPU of this rank's local rank, its stream and cuBLASLt handle
+    struct Runtime : gpu::GpuRuntime {
+        explicit Runtime(int local_rank);  // throws, in one line, when there is no such GPU
+    };
     static constexpr const char* name = "cuda";
     static constexpr bool copies_gemm_weights = true;
 
@@ -41,6 +48,15 @@ struct CudaBackend {
         crossentropy_loss_forward(losses, lse, maxes, stats, N);
     }
     static float mean_loss(const float* losses, int N);
+
+    static void adamw_update(float* params, const float* grads, float* m, float* v, int64_t n, float weight_decay,
+                             const AdamWStep& step);
+    static void synchronize();
+    // dense bf16 tensor-core FLOP/s of this GPU (the datasheet's figure where known)
+    static double peak_flops();
+    static const char* peak_flops_name() { return "bf16 peak"; }
 };
+
+extern template class GPTModel<CudaBackend>;
 
 }  // namespace tpsp

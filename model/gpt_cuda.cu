@@ -6,11 +6,23 @@
 #include "model/cuda_backend.h"
 #include "model/gpt_model.h"
 
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 namespace tpsp {
 
 using gpu::check_cuda;
+
+// The GPU of a local rank, or one line saying why there is none.
+static int checked_device(int local_rank) {
+    const int count = gpu::cuda_device_count();
+    if (count == 0) throw std::runtime_error("train.device=cuda: no CUDA device is visible to this process");
+    if (local_rank >= count)
+        throw std::runtime_error("train.device=cuda: local rank " + std::to_string(local_rank) + " has no GPU (" +
+                                 std::to_string(count) + " visible): launch at most one rank per GPU");
+    return local_rank;
+}
 
 static void* device_allocate(size_t bytes) {
     void* data = nullptr;
@@ -82,6 +94,45 @@ float CudaBackend::mean_loss(const float* losses, int N) {
     double sum = 0.0;
     for (int i = 0; i < N; i++) sum += host[i];
     return float(sum / N);
+}
+
+CudaBackend::Runtime::Runtime(int local_rank) : gpu::GpuRuntime(checked_device(local_rank)) {}
+
+__global__ void adamw_kernel(float* params, const float* grads, float* m, float* v, int64_t n, float weight_decay,
+                             AdamWStep s) {
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const float g = grads[i] * s.grad_scale;
+    m[i] = s.beta1 * m[i] + (1.0f - s.beta1) * g;
+    v[i] = s.beta2 * v[i] + (1.0f - s.beta2) * g * g;
+    const float m_hat = m[i] / s.correction1, v_hat = v[i] / s.correction2;
+    params[i] -= s.lr * (m_hat / (sqrtf(v_hat) + s.eps) + weight_decay * params[i]);
+}
+
+void CudaBackend::adamw_update(float* params, const float* grads, float* m, float* v, int64_t n, float weight_decay,
+                               const AdamWStep& step) {
+    if (n == 0) return;
+    constexpr int threads = 256;
+    adamw_kernel<<<unsigned((n + threads - 1) / threads), threads, 0, gpu::context().stream>>>(params, grads, m, v, n,
+                                                                                             weight_decay, step);
+    gpu::check_launch("adamw_update");
+}
+
+void CudaBackend::synchronize() { check_cuda(cudaStreamSynchronize(gpu::context().stream), "synchronize"); }
+
+double CudaBackend::peak_flops() {
+    int device = 0;
+    check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+    cudaDeviceProp props{};
+    check_cuda(cudaGetDeviceProperties(&props, device), "cudaGetDeviceProperties");
+    const std::string name = props.name;
+    // H100 and H200 SXM: 989.4 TFLOP/s dense bf16 (NVIDIA's datasheet)
+    if (name.find("H100") != std::string::npos || name.find("H200") != std::string::npos) return 989.4e12;
+    // elsewhere an estimate: tensor-core FLOP per clock per SM × SMs × clock
+    int clock_khz = 0;
+    cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device);
+    const double per_sm_per_clock = props.major >= 9 ? 4096 : props.major == 8 ? 2048 : 1024;
+    return per_sm_per_clock * props.multiProcessorCount * clock_khz * 1e3;
 }
 
 template class GPTModel<CudaBackend>;

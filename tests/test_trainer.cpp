@@ -450,6 +450,25 @@ TEST(TensorParallelTraining, ALayoutThatDoesNotFitIsOneLineFromRankZero) {
 // ----------------------------------------------------------------------------
 // bad input
 
+// train.device: cuda trains on a GPU where there is one; elsewhere it is one
+// clear line and exit 1, and auto falls back to the CPU.
+TEST(Device, CudaWithoutAGpuIsOneLineAndAutoFallsBack) {
+    fs::path dir = scratch_dir();
+    const std::string short_run = "train.steps=2 train.val_every=0 checkpoint.dir= ";
+    Outcome r = run(tiny_train(dir, short_run + "train.device=cuda"), dir);
+    if (r.exit_code == 0) {
+        EXPECT_NE(r.out.find("| cuda, "), std::string::npos) << r.out;  // a GPU is here: it trained on it
+    } else {
+        EXPECT_EQ(count_lines(r.err), 1) << r.err;
+        EXPECT_TRUE(r.err.find("train.device: cuda: this tpsp was built without CUDA") != std::string::npos ||
+                    r.err.find("train.device: cuda: no CUDA device is visible") != std::string::npos)
+            << r.err;
+    }
+    r = run(tiny_train(dir, short_run + "train.device=auto"), dir);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(field(dir / "metrics.jsonl", "loss").size(), 2u);
+}
+
 TEST(BadInput, MalformedYaml) {
     fs::path dir = scratch_dir();
     fs::path config = write_file(dir / "bad.yaml", "model:\n  layers: [1, 2\ntrain:\n  steps: 3\n");

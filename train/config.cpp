@@ -141,6 +141,9 @@ const std::vector<Key>& keys() {
          [](const Config& c) { return std::to_string(c.train.seed); }},
         int_key("train.threads", [](Config& c) -> int& { return c.train.threads; }, 0,
                 "OpenMP threads per rank; 0 is OpenMP's default"),
+        string_key("train.device", [](Config& c) -> std::string& { return c.train.device; }, {"cpu", "cuda", "auto"},
+                   "cpu (fp32 activations), cuda (bf16, one GPU per rank), or auto: cuda where this build has "
+                   "it and a GPU is present"),
         int_key("parallel.tp", [](Config& c) -> int& { return c.parallel.tp; }, 1, "tensor-parallel size t"),
         bool_key("parallel.sequence_parallel", [](Config& c) -> bool& { return c.parallel.sequence_parallel; },
                  "shard LayerNorm/dropout/residual along the sequence (SP)"),
@@ -248,6 +251,8 @@ void validate(const Config& c, const std::string& where) {
         fail("parallel.tp_comm_overlap", "the overlap schedules need parallel.sequence_parallel: true");
     if (!c.checkpoint.init.empty() && !c.checkpoint.resume.empty())
         fail("checkpoint.init", "give checkpoint.init or checkpoint.resume, not both");
+    if (c.train.device != "cpu" && c.parallel.emulated_link_gbps > 0)
+        fail("parallel.emulated_link_gbps", "the emulated link is a CPU measuring aid: it needs train.device: cpu");
 }
 
 }  // namespace

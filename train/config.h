@@ -42,6 +42,7 @@ struct Config {
         int val_every = 100, val_batches = 20;
         uint64_t seed = 1337;
         int threads = 0;  // 0: OpenMP's default
+        std::string device = "cpu";  // cpu | cuda | auto
     } train;
     struct Parallel {
         int tp = 1;

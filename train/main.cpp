@@ -17,6 +17,11 @@
 #include <string>
 #include <vector>
 
+#ifdef TPSP_WITH_CUDA
+#include "model/kernels/cuda_kernels.h"  // first: the model templates must see the bf16 kernels
+
+#include "model/cuda_backend.h"
+#endif
 #include "data/gpt2_tokenizer.h"
 #include "data/prepare.h"
 #include "model/checkpoint.h"
@@ -67,11 +72,41 @@ static ConfigArgs parse_config_args(int argc, char** argv, int first) {
     return args;
 }
 
+static bool built_with_cuda() {
+#ifdef TPSP_WITH_CUDA
+    return true;
+#else
+    return false;
+#endif
+}
+
+static int visible_gpus() {
+#ifdef TPSP_WITH_CUDA
+    return gpu::cuda_device_count();
+#else
+    return 0;
+#endif
+}
+
+// train.device resolved: auto is cuda where this build has it and a GPU is
+// visible, else cpu. `needs_gpu`: the command computes (train, bench), so
+// cuda must also have a GPU; `tpsp memory` reports a GPU run anywhere.
+static Device resolve_device(const Config& cfg, bool needs_gpu) {
+    const std::string& device = cfg.train.device;
+    if (device == "cpu") return Device::cpu;
+    if (device == "auto") return built_with_cuda() && visible_gpus() > 0 ? Device::cuda : Device::cpu;
+    if (!built_with_cuda() && needs_gpu)
+        throw ConfigError("train.device: cuda: this tpsp was built without CUDA (configure with -DTPSP_CUDA=ON)");
+    if (needs_gpu && visible_gpus() == 0)
+        throw ConfigError("train.device: cuda: no CUDA device is visible (train.device: auto falls back to the CPU)");
+    return Device::cuda;
+}
+
 static int command_memory(const ConfigArgs& args) {
     Config cfg = load_config(args.path, args.overrides);
     for (const auto& flag : args.flags) throw ConfigError("tpsp memory: unknown option " + flag.first);
     TensorParallelism tp{cfg.parallel.tp, 0, cfg.parallel.sequence_parallel, cfg.overlap()};
-    MemoryReport report = memory_report(cfg.gpt(), cfg.run_shape(), tp, Device::cpu);
+    MemoryReport report = memory_report(cfg.gpt(), cfg.run_shape(), tp, resolve_device(cfg, false));
     std::fputs(report.text.c_str(), stdout);
     return report.block_bytes == report.block_formula_bytes ? 0 : 1;
 }
@@ -84,8 +119,25 @@ static int command_bench(const ConfigArgs& args) {
         else throw ConfigError("tpsp bench: unknown option " + flag);
     }
     if (cfg.train.threads > 0) omp_set_num_threads(cfg.train.threads);
-    run_benchmark(cfg.gpt(), cfg.run_shape(), options, args.path.c_str());
+#ifdef TPSP_WITH_CUDA
+    if (resolve_device(cfg, true) == Device::cuda) {
+        run_benchmark<CudaBackend>(cfg.gpt(), cfg.run_shape(), options, args.path.c_str());
+        return 0;
+    }
+#endif
+    resolve_device(cfg, true);
+    run_benchmark<CpuBackend>(cfg.gpt(), cfg.run_shape(), options, args.path.c_str());
     return 0;
+}
+
+static int command_train(const ConfigArgs& args) {
+    for (const auto& flag : args.flags) throw ConfigError("tpsp train: unknown option " + flag.first);
+    Config cfg = load_config(args.path, args.overrides);
+#ifdef TPSP_WITH_CUDA
+    if (resolve_device(cfg, true) == Device::cuda) return train_on<CudaBackend>(cfg);
+#endif
+    resolve_device(cfg, true);
+    return train_on<CpuBackend>(cfg);
 }
 
 static int command_prepare(int argc, char** argv) {
@@ -168,11 +220,7 @@ static int run_command(int argc, char** argv) {
     }
     std::string command = argv[1];
     try {
-        if (command == "train") {
-            ConfigArgs args = parse_config_args(argc, argv, 2);
-            for (const auto& flag : args.flags) throw ConfigError("tpsp train: unknown option " + flag.first);
-            return train(load_config(args.path, args.overrides));
-        }
+        if (command == "train") return command_train(parse_config_args(argc, argv, 2));
         if (command == "eval") {
             ConfigArgs args = parse_config_args(argc, argv, 2);
             for (const auto& flag : args.flags) throw ConfigError("tpsp eval: unknown option " + flag.first);
@@ -196,6 +244,8 @@ static int run_command(int argc, char** argv) {
         if (lead) std::fprintf(stderr, "tpsp: error: %s\n", e.what());
     } catch (const std::bad_alloc&) {
         if (lead) std::fprintf(stderr, "tpsp: error: out of memory (reduce train.batch_size or the model)\n");
+    } catch (const std::runtime_error& e) {  // CUDA, cuBLAS, NCCL
+        if (lead) std::fprintf(stderr, "tpsp: error: %s\n", e.what());
     }
     return 1;
 }

@@ -5,7 +5,10 @@
 // cuBLASLt is column-major, and a row-major [r, c] matrix is a column-major
 // [c, r] one. So out [N, OC] = inp [N, C] @ weight [OC, C]^T is, to cuBLASLt,
 // out^T [OC, N] = (weight seen as [C, OC])^T · (inp seen as [C, N]).
+#include <array>
 #include <cstdint>
+#include <map>
+#include <utility>
 #include <stdexcept>
 #include <string>
 
@@ -50,6 +53,46 @@ static cublasLtMatrixLayout_t make_layout(const Operand& x, int batch) {
     return layout;
 }
 
+// Everything the choice of algorithm depends on: transposes, m n k, leading
+// dimensions, batch strides and count, output type, epilogue, alignments.
+using GemmKey = std::array<int64_t, 17>;
+
+// cuBLASLt's heuristic's first choice for a GEMM, asked once per shape: the
+// query costs tens of microseconds, a step runs the same few shapes again and again.
+static cublasLtMatmulAlgo_t choose_algorithm(const GemmKey& key, cublasLtMatmulDesc_t desc,
+                                             cublasLtMatrixLayout_t a_layout, cublasLtMatrixLayout_t b_layout,
+                                             cublasLtMatrixLayout_t d_layout) {
+    static std::map<GemmKey, cublasLtMatmulAlgo_t> chosen;
+    auto found = chosen.find(key);
+    if (found != chosen.end()) return found->second;
+    const GpuContext& ctx = gpu::context();
+    cublasLtMatmulPreference_t preference;
+    check_cublas(cublasLtMatmulPreferenceCreate(&preference), "matmul preference");
+    const uint64_t workspace_bytes = ctx.blas_workspace_bytes;
+    check_cublas(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                      &workspace_bytes, sizeof(workspace_bytes)),
+                 "workspace size");
+    const uint32_t align_a = uint32_t(key[14]), align_b = uint32_t(key[15]), align_d = uint32_t(key[16]);
+    const std::pair<cublasLtMatmulPreferenceAttributes_t, const uint32_t*> alignments[] = {
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d}};
+    for (const auto& [attribute, value] : alignments)
+        check_cublas(cublasLtMatmulPreferenceSetAttribute(preference, attribute, value, sizeof(uint32_t)), "alignment");
+    cublasLtMatmulHeuristicResult_t heuristic;
+    int returned = 0;
+    check_cublas(cublasLtMatmulAlgoGetHeuristic(ctx.blas, desc, a_layout, b_layout, d_layout, d_layout, preference, 1,
+                                                &heuristic, &returned),
+                 "matmul heuristic");
+    cublasLtMatmulPreferenceDestroy(preference);
+    if (returned == 0)
+        throw std::runtime_error("cuBLASLt has no algorithm for a " + std::to_string(key[2]) + "×" +
+                                 std::to_string(key[3]) + "×" + std::to_string(key[4]) + " GEMM");
+    chosen.emplace(key, heuristic.algo);
+    return heuristic.algo;
+}
+
 // D = alpha · op(A) · op(B) + beta · D  (+ bias [m] on every column of D),
 // D is m × n, op(A) m × k, op(B) k × n.
 static void lt_matmul(bool transa, bool transb, int m, int n, int k, float alpha, const void* A, int64_t lda,
@@ -74,39 +117,14 @@ static void lt_matmul(bool transa, bool transb, int m, int n, int k, float alpha
     cublasLtMatrixLayout_t a_layout = make_layout(a, batch), b_layout = make_layout(b, batch),
                            d_layout = make_layout(d, batch);
 
-    cublasLtMatmulPreference_t preference;
-    check_cublas(cublasLtMatmulPreferenceCreate(&preference), "matmul preference");
-    const uint64_t workspace_bytes = ctx.blas_workspace_bytes;
-    check_cublas(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                      &workspace_bytes, sizeof(workspace_bytes)),
-                 "workspace size");
-    const uint32_t align_a = pointer_alignment(A), align_b = pointer_alignment(B), align_d = pointer_alignment(D);
-    check_cublas(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
-                                                      sizeof(align_a)),
-                 "alignment of A");
-    check_cublas(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b,
-                                                      sizeof(align_b)),
-                 "alignment of B");
-    check_cublas(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d,
-                                                      sizeof(align_d)),
-                 "alignment of C");
-    check_cublas(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d,
-                                                      sizeof(align_d)),
-                 "alignment of D");
-
-    cublasLtMatmulHeuristicResult_t heuristic;
-    int found = 0;
-    check_cublas(cublasLtMatmulAlgoGetHeuristic(ctx.blas, desc, a_layout, b_layout, d_layout, d_layout, preference, 1,
-                                                &heuristic, &found),
-                 "matmul heuristic");
-    if (found == 0)
-        throw std::runtime_error("cuBLASLt has no algorithm for a " + std::to_string(m) + "×" + std::to_string(n) +
-                                 "×" + std::to_string(k) + " GEMM");
+    const cublasLtMatmulAlgo_t algo = choose_algorithm(
+        {transa, transb, m, n, k, lda, ldb, ldd, strideA, strideB, strideD, batch, int64_t(d_type), bias != nullptr,
+         pointer_alignment(A), pointer_alignment(B), pointer_alignment(D)},
+        desc, a_layout, b_layout, d_layout);
     check_cublas(cublasLtMatmul(ctx.blas, desc, &alpha, A, a_layout, B, b_layout, &beta, D, d_layout, D, d_layout,
-                                &heuristic.algo, ctx.blas_workspace, ctx.blas_workspace_bytes, ctx.stream),
+                                &algo, ctx.blas_workspace, ctx.blas_workspace_bytes, ctx.stream),
                  "cublasLtMatmul");
 
-    cublasLtMatmulPreferenceDestroy(preference);
     cublasLtMatrixLayoutDestroy(d_layout);
     cublasLtMatrixLayoutDestroy(b_layout);
     cublasLtMatrixLayoutDestroy(a_layout);
@@ -115,13 +133,11 @@ static void lt_matmul(bool transa, bool transb, int m, int n, int k, float alpha
 
 void gpu::batched_gemm(bool transa, bool transb, int m, int n, int k, float alpha, const bf16* A, int lda, int64_t strideA,
                   const bf16* B, int ldb, int64_t strideB, float beta, bf16* D, int ldd, int64_t strideD, int batch) {
-    const GpuContext& ctx = gpu::context();
     lt_matmul(transa, transb, m, n, k, alpha, A, lda, strideA, B, ldb, strideB, beta, D, CUDA_R_16BF, ldd, strideD,
               batch, nullptr);
 }
 
 void matmul_forward(bf16* out, const bf16* inp, const bf16* weight, const bf16* bias, int N, int C, int OC) {
-    const GpuContext& ctx = gpu::context();
     // out^T [OC, N] = (weight as [C, OC])^T · (inp as [C, N])
     lt_matmul(true, false, OC, N, C, 1.0f, weight, C, 0, inp, C, 0, 0.0f, out, CUDA_R_16BF, OC, 0, 1, bias);
 }
@@ -133,13 +149,11 @@ void matmul_backward(bf16* dinp, float* dweight, float* dbias, const bf16* dout,
 }
 
 void matmul_backward_input(bf16* dinp, const bf16* dout, const bf16* weight, int N, int C, int OC) {
-    const GpuContext& ctx = gpu::context();
     matmul_backward_input_columns(dinp, dout, weight, N, C, OC, 0, C);
 }
 
 void matmul_backward_input_columns(bf16* dinp, const bf16* dout, const bf16* weight, int N, int C, int OC,
                                    int c_begin, int c_end) {
-    const GpuContext& ctx = gpu::context();
     // dinp^T [width, N] = (weight columns as [width, OC], ld C) · (dout as [OC, N])
     const int width = c_end - c_begin;
     lt_matmul(false, false, width, N, OC, 1.0f, weight + c_begin, C, 0, dout, OC, 0, 0.0f, dinp, CUDA_R_16BF, width,
@@ -148,7 +162,6 @@ void matmul_backward_input_columns(bf16* dinp, const bf16* dout, const bf16* wei
 
 void matmul_backward_weight(float* dweight, float* dbias, const bf16* dout, const bf16* inp, int N, int C, int OC,
                             int o_begin, int o_end) {
-    const GpuContext& ctx = gpu::context();
     // dweight rows [o_begin, o_end) as [C, width]: += (inp as [C, N]) · (dout columns as [width, N], ld OC)^T
     const int width = o_end - o_begin;
     lt_matmul(false, true, C, width, N, 1.0f, inp, C, 0, dout + o_begin, OC, 0, 1.0f, dweight + int64_t(o_begin) * C,

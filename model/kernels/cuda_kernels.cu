@@ -352,7 +352,6 @@ void bias_backward_columns(float* dbias, const bf16* dout, int N, int width, int
 }
 
 void bias_backward(float* dbias, const bf16* dout, int N, int OC) {
-    const GpuContext& ctx = gpu::context();
     bias_backward_columns(dbias, dout, N, OC, OC);
 }
 

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The GPU check, in one command, on a bare GPU box (nvcc, CMake, ninja; no
+# package manager, no MPI), at most ~8 minutes on one H200:
+#   1. unpacks .gpu_deps/*.deb (from scripts/fetch_gpu_check_deps.sh) into /tmp/tpsp_deps
+#   2. builds with CUDA for sm_90 and without MPI (the one-process stand-in) into build-gpu/
+#   3. runs the GPU tests: every kernel against its CPU twin, the model against the CPU model
+#   4. trains configs/tiny.yaml for 200 steps on the GPU (data/kjv, carried)
+#   5. benchmarks GPT-2 124M at B = 16, T = 1024: tokens/s, MFU against the bf16 peak, activation bytes
+# The log goes to stdout and to $OUT/gpu_check.log (OUT: the device tool's folder; /tmp otherwise).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+log="${OUT:-/tmp}/gpu_check.log"
+exec > >(tee "$log") 2>&1
+step() { echo; echo "== $* ($(date +%T))"; }
+
+step "dependencies"
+deps=/tmp/tpsp_deps
+mkdir -p "$deps"
+for f in .gpu_deps/*.deb; do dpkg -x "$f" "$deps"; done
+# NCCL: the toolkit's if it has one, else PyTorch's wheel
+nccl_root=""
+if ! ls /usr/local/cuda/lib64/libnccl.so* > /dev/null 2>&1; then
+  nccl_root=$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))' 2> /dev/null || true)
+fi
+export LD_LIBRARY_PATH="$deps/usr/lib/x86_64-linux-gnu:$deps/usr/lib/x86_64-linux-gnu/openblas-openmp${nccl_root:+:$nccl_root/lib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+nvidia-smi -L || true
+nvcc --version | tail -1
+
+step "build (CUDA, sm_90, no MPI)"
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DTPSP_CUDA=ON -DTPSP_MPI=OFF \
+  -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH="$deps/usr" ${nccl_root:+-DNCCL_ROOT="$nccl_root"} > /dev/null
+cmake --build build-gpu -j"$(nproc)" --target tpsp tpsp_gpu_tests
+
+step "GPU tests"
+build-gpu/tests/tpsp_gpu_tests || echo "GPU TESTS FAILED"
+
+step "tiny config, 200 steps on the GPU"
+build-gpu/tpsp train configs/tiny.yaml train.device=cuda train.steps=200 train.val_every=100 \
+  checkpoint.dir= logging.metrics= logging.every=20 || echo "TRAINING FAILED"
+
+step "benchmark: GPT-2 124M, B = 16, T = 1024"
+build-gpu/tpsp bench configs/gpt2_124m.yaml train.device=cuda train.batch_size=16 train.seq_len=1024 \
+  model.dropout=0 --steps 10 || echo "BENCHMARK FAILED"
+build-gpu/tpsp memory configs/gpt2_124m.yaml train.device=cuda train.batch_size=16 train.seq_len=1024 |
+  grep -E "^model:|formula per block|table per block|saved activations:"
+step "done"

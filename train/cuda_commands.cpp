@@ -1,0 +1,16 @@
+// `tpsp train` and `tpsp bench` on the CUDA backend: trainer_impl.h and
+// benchmark.h instantiated on CudaBackend.
+// cuda_kernels.h comes first so that the model's templates see the bf16 kernels.
+#include "model/kernels/cuda_kernels.h"
+
+#include "model/cuda_backend.h"
+#include "train/benchmark.h"
+#include "train/trainer_impl.h"
+
+namespace tpsp {
+
+template int train_on<CudaBackend>(const Config& cfg);
+template void run_benchmark<CudaBackend>(const GPTConfig& config, const RunShape& shape, const BenchOptions& options,
+                                         const char* label);
+
+}  // namespace tpsp
