@@ -13,7 +13,8 @@
 namespace tpsp {
 
 Dim cuda_attention_scratch(int64_t b, int64_t s, int64_t h, int64_t a, int64_t t) {
-    return {cuda_attention_scratch_elements(b, s, h / t, a / t), t > 1 ? "7·b·s·h/t+b·a/t·s²" : "7·b·s·h+b·a·s²"};
+    const char* symbol = t > 1 ? "7·b·s·h/t+b·a/t·s²" : "7·b·s·h+b·a·s²";
+    return {cuda_attention_scratch_elements(b, s, h / t, a / t), symbol};
 }
 
 double CpuBackend::square_sum(const float* x, int64_t n) {

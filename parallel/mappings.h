@@ -20,7 +20,8 @@ namespace tpsp {
 template <class Comm>
 class TensorParallelMappings {
 public:
-    TensorParallelMappings(Comm* group, bool sequence_parallel) : group_(group), sequence_parallel_(sequence_parallel) {}
+    TensorParallelMappings(Comm* group, bool sequence_parallel)
+        : group_(group), sequence_parallel_(sequence_parallel) {}
 
     // full_count: elements of the full [s, b, h] tensor.
     // g forward: local → full. Returns the full tensor (`full`, or `local` without SP).

@@ -17,11 +17,8 @@ step "dependencies"
 deps=/tmp/tpsp_deps
 mkdir -p "$deps"
 for f in .gpu_deps/*.deb; do dpkg -x "$f" "$deps"; done
-# NCCL: the toolkit's if it has one, else PyTorch's wheel
-nccl_root=""
-if ! ls /usr/local/cuda/lib64/libnccl.so* > /dev/null 2>&1; then
-  nccl_root=$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))' 2> /dev/null || true)
-fi
+# NCCL: the toolkit's where it has one (CMake looks there first), else PyTorch's wheel
+nccl_root=$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2> /dev/null || true)
 export LD_LIBRARY_PATH="$deps/usr/lib/x86_64-linux-gnu:$deps/usr/lib/x86_64-linux-gnu/openblas-openmp${nccl_root:+:$nccl_root/lib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 nvidia-smi -L || true
 nvcc --version | tail -1

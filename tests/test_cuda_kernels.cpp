@@ -222,7 +222,8 @@ TEST_F(CudaKernels, AttentionMatchesCpuWithTheSameMasks) {
     for (float p : {0.0f, 0.2f}) {
         SCOPED_TRACE("dropout " + std::to_string(p));
         const DropoutKey key{99, 4, 2, DropoutSite::attention_probs};
-        const DropoutBox box{B, NH, int64_t(T) * T, int64_t(2 * NH) * T * T, int64_t(T) * T, 1, NH};  // heads NH..2NH of 2NH
+        // heads NH .. 2NH of 2NH, of the second sequence
+        const DropoutBox box{B, NH, int64_t(T) * T, int64_t(2 * NH) * T * T, int64_t(T) * T, 1, NH};
         const int64_t scores = int64_t(B) * NH * T * T;
         auto qkv = random_bf16_values(int64_t(N) * 3 * C, 19), dout = random_bf16_values(int64_t(N) * C, 20);
         std::vector<float> out(N * C), softmax_out(scores), dropped(scores), dqkv(N * 3 * C), scratch(64 * T * T);

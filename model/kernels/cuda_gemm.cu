@@ -44,8 +44,9 @@ static cublasLtMatrixLayout_t make_layout(const Operand& x, int batch) {
     check_cublas(cublasLtMatrixLayoutCreate(&layout, x.type, x.rows, x.cols, x.ld), "matrix layout");
     if (batch > 1) {
         int32_t count = batch;
-        check_cublas(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)),
-                     "batch count");
+        check_cublas(
+            cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)),
+            "batch count");
         check_cublas(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &x.stride,
                                                       sizeof(x.stride)),
                      "batch stride");
@@ -131,8 +132,9 @@ static void lt_matmul(bool transa, bool transb, int m, int n, int k, float alpha
     cublasLtMatmulDescDestroy(desc);
 }
 
-void gpu::batched_gemm(bool transa, bool transb, int m, int n, int k, float alpha, const bf16* A, int lda, int64_t strideA,
-                  const bf16* B, int ldb, int64_t strideB, float beta, bf16* D, int ldd, int64_t strideD, int batch) {
+void gpu::batched_gemm(bool transa, bool transb, int m, int n, int k, float alpha, const bf16* A, int lda,
+                       int64_t strideA, const bf16* B, int ldb, int64_t strideB, float beta, bf16* D, int ldd,
+                       int64_t strideD, int batch) {
     lt_matmul(transa, transb, m, n, k, alpha, A, lda, strideA, B, ldb, strideB, beta, D, CUDA_R_16BF, ldd, strideD,
               batch, nullptr);
 }

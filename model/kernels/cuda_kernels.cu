@@ -19,8 +19,9 @@ constexpr int block_threads = 256;
 constexpr int warp_size = 32;
 constexpr int warps_per_block = block_threads / warp_size;
 
+// At least one block: every kernel checks its bounds, and a grid of 0 is a launch error.
 static unsigned blocks_for(int64_t n, int per_block = block_threads) {
-    return unsigned((n + per_block - 1) / per_block);
+    return unsigned(std::max<int64_t>(1, (n + per_block - 1) / per_block));
 }
 
 __device__ inline float warp_sum(float v) {
@@ -272,13 +273,13 @@ void gelu_backward(bf16* dinp, const bf16* inp, const bf16* dout, int64_t N) {
 // dropout: element i of the box has the global index row_start(i / n2) + i % n2
 
 __global__ void dropout_forward_kernel(bf16* out, uint8_t* mask, const bf16* inp, DropoutBox box, float p,
-                                       DropoutKey key) {
+                                       float scale, DropoutKey key) {
     int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= box.n0 * box.n1 * box.n2) return;
     const uint64_t global = box.row_start(i / box.n2) + uint64_t(i % box.n2);
     const bool keep = dropout_uniform(key, global) >= p;
     mask[i] = keep;
-    out[i] = keep ? to_bf16(to_float(inp[i]) / (1.0f - p)) : to_bf16(0.0f);
+    out[i] = keep ? to_bf16(to_float(inp[i]) * scale) : to_bf16(0.0f);
 }
 
 void dropout_forward(bf16* out, uint8_t* mask, const bf16* inp, const DropoutBox& box, float p,
@@ -292,7 +293,8 @@ void dropout_forward(bf16* out, uint8_t* mask, const bf16* inp, const DropoutBox
                        "dropout_forward copy");
         return;
     }
-    dropout_forward_kernel<<<blocks_for(n), block_threads, 0, ctx.stream>>>(out, mask, inp, box, p, key);
+    dropout_forward_kernel<<<blocks_for(n), block_threads, 0, ctx.stream>>>(out, mask, inp, box, p, 1.0f / (1.0f - p),
+                                                                            key);
     check_launch("dropout_forward");
 }
 
@@ -433,7 +435,8 @@ __global__ void softmax_dropout_backward_kernel(bf16* dscores, const bf16* softm
     const bf16* sp = softmax_out + int64_t(row) * T;
     const uint8_t* m = mask + int64_t(row) * T;
     float weighted = 0.0f;
-    for (int j = lane; j <= t; j += warp_size) weighted += to_float(sp[j]) * (m[j] ? to_float(ds[j]) * keep_scale : 0.0f);
+    for (int j = lane; j <= t; j += warp_size)
+        weighted += to_float(sp[j]) * (m[j] ? to_float(ds[j]) * keep_scale : 0.0f);
     weighted = warp_sum(weighted);
     for (int j = lane; j < T; j += warp_size) {
         const float dsp = m[j] ? to_float(ds[j]) * keep_scale : 0.0f;
@@ -473,7 +476,8 @@ void attention_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf1
     const int hs = C / NH, heads = B * NH;
     const int64_t head_elements = int64_t(B) * T * C, head_stride = int64_t(T) * hs, score_stride = int64_t(T) * T;
     bf16 *q = scratch, *k = q + head_elements, *v = k + head_elements, *dout_heads = v + head_elements;
-    bf16 *dq = dout_heads + head_elements, *dk = dq + head_elements, *dv = dk + head_elements, *dscores = dv + head_elements;
+    bf16 *dq = dout_heads + head_elements, *dk = dq + head_elements, *dv = dk + head_elements;
+    bf16* dscores = dv + head_elements;
     to_head_major(q, qkv, B, T, C, NH, 3 * C, 0);
     to_head_major(k, qkv, B, T, C, NH, 3 * C, C);
     to_head_major(v, qkv, B, T, C, NH, 3 * C, 2 * C);

@@ -98,8 +98,8 @@ inline int MPI_Gather(const void* send, int count, MPI_Datatype type, void* rece
 }
 inline int MPI_Gatherv(const void* send, int count, MPI_Datatype type, void* receive, const int*, const int* offsets,
                        MPI_Datatype, int, MPI_Comm) {
-    single_process_mpi::copy(send, static_cast<char*>(receive) + offsets[0] * single_process_mpi::element_bytes(type), count,
-                             type);
+    char* at = static_cast<char*>(receive) + offsets[0] * single_process_mpi::element_bytes(type);
+    single_process_mpi::copy(send, at, count, type);
     return MPI_SUCCESS;
 }
 inline int MPI_Bcast(void*, int, MPI_Datatype, int, MPI_Comm) { return MPI_SUCCESS; }
