@@ -60,7 +60,7 @@ void compare_with_one_rank(int t, bool sequence_parallel) {
     float one_loss = one.forward(tokens.data(), tokens.data() + 1, draw);
     one.backward(1.0f / N);
 
-    TensorParallelism tp{t, group.rank(), sequence_parallel};
+    TensorParallelism tp{t, group.rank(), sequence_parallel, {}};
     GPT split(config, shape, tp, &group);
     split.init_random(11);
     split.zero_grad();
