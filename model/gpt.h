@@ -216,6 +216,12 @@ private:
     TensorParallelMappings<Comm> mappings_;
     std::unique_ptr<ParallelLinears<Comm, Act>> linears_;
     std::vector<int> host_row_targets_;  // [s, b], staged for the upload
+    struct GemmWeightCopy {
+        Act* copy;             // in weight_arena
+        const float* master;   // in param_arena
+        int64_t elements;
+    };
+    std::vector<GemmWeightCopy> gemm_weight_copies_;  // empty where the GEMMs read the parameters
 };
 
 // The CPU model, which the trainer, the sampler and most tests use.

@@ -122,7 +122,18 @@ GPTModel<Backend>::GPTModel(const GPTConfig& c, const RunShape& r, const TensorP
     grad_arena = Arena(parameter_table(config, tp.size, &grads), memory);
     num_parameters = int64_t(param_arena.bytes() / sizeof(float));
     if constexpr (Backend::copies_gemm_weights) {
-        weight_arena = Arena(gemm_weight_table(config, tp.size, &weights), memory);
+        // each bf16 copy beside the fp32 parameter of its name, for refresh_gemm_weights
+        std::vector<TensorSpec> weight_table = gemm_weight_table(config, tp.size, &weights);
+        weight_arena = Arena(weight_table, memory);
+        Act* copy = static_cast<Act*>(weight_arena.data());  // one dtype: the arena keeps the table's order
+        for (const TensorSpec& w : weight_table) {
+            int64_t at = 0;
+            for (const TensorSpec& p : parameter_specs) {
+                if (p.name == w.name) gemm_weight_copies_.push_back({copy, params.wte + at, w.elements()});
+                at += p.elements();
+            }
+            copy += w.elements();
+        }
     } else {
         weights = {params.wte, params.qkvw, params.qkvb, params.attprojw, params.fcw, params.fcb, params.fcprojw};
     }
@@ -175,14 +186,6 @@ void GPTModel<Backend>::init_random(uint64_t seed) {
 // ----------------------------------------------------------------------------
 // forward
 
-// Puts a span of compute on the trace, when one is being recorded.
-template <class Comm, class F>
-void traced(Comm* group, const char* name, F&& f) {
-    double start = now_seconds();
-    f();
-    if (group->tracer) group->tracer->record(name, Track::compute, start, now_seconds());
-}
-
 // Dropout boxes: where this rank's tensors sit in the global ones, whose
 // element order is [B_global, s, h] for token tensors and
 // [B_global, a, s, s] for attention probabilities.
@@ -198,16 +201,8 @@ inline DropoutBox probs_box(int B, int heads_local, int heads, int S, int head_s
 // On the GPU: the bf16 copies of the GEMM weights from the fp32 master weights.
 template <class Backend>
 void GPTModel<Backend>::refresh_gemm_weights() {
-    if constexpr (Backend::copies_gemm_weights) {
-        const int64_t C = config.channels, L = config.num_layers, t = tp.size;
-        Backend::cast(weights.wte, params.wte, int64_t(config.padded_vocab_size) / t * C);
-        Backend::cast(weights.qkvw, params.qkvw, L * 3 * C / t * C);
-        Backend::cast(weights.qkvb, params.qkvb, L * 3 * C / t);
-        Backend::cast(weights.attprojw, params.attprojw, L * C * (C / t));
-        Backend::cast(weights.fcw, params.fcw, L * 4 * C / t * C);
-        Backend::cast(weights.fcb, params.fcb, L * 4 * C / t);
-        Backend::cast(weights.fcprojw, params.fcprojw, L * C * (4 * C / t));
-    }
+    if constexpr (Backend::copies_gemm_weights)
+        for (const GemmWeightCopy& c : gemm_weight_copies_) Backend::cast(c.copy, c.master, c.elements);
 }
 
 template <class Backend>
@@ -225,11 +220,12 @@ void GPTModel<Backend>::block_forward(int l, Act* block_out, const DropoutStep& 
     layernorm_forward(a.ln1_out, a.ln1_in, params.ln1w + l * C, params.ln1b + l * C, N_local, C);
     linears_->column_forward("qkv", a.qkv, a.ln1_out, w.gathered, weights.qkvw + int64_t(l) * 3 * Ct * C,
                              weights.qkvb + l * 3 * Ct, C, 3 * Ct);
-    traced(group_, "attention", [&] {
+    {
+        ComputeSpan span(group_->tracer, "attention");
         Backend::attention_forward(a.attn_out, a.softmax_out, a.attn_dropout_mask, a.attn_dropout_out, a.qkv,
                                    w.attention_scratch, B, T, Ct, heads, p, probs,
                                    key(DropoutSite::attention_probs));
-    });
+    }
     Act* y = linears_->row_forward("attention proj", a.attn_out, w.partial, w.branch,
                                    weights.attprojw + int64_t(l) * C * Ct, Ct, C);
     bias_forward(y, params.attprojb + l * C, N_local, C);
@@ -240,7 +236,10 @@ void GPTModel<Backend>::block_forward(int l, Act* block_out, const DropoutStep& 
     layernorm_forward(a.ln2_out, a.ln2_in, params.ln2w + l * C, params.ln2b + l * C, N_local, C);
     linears_->column_forward("fc1", a.gelu_in, a.ln2_out, w.gathered, weights.fcw + int64_t(l) * hidden * C,
                              weights.fcb + l * hidden, C, hidden);
-    traced(group_, "gelu", [&] { gelu_forward(a.gelu_out, a.gelu_in, int64_t(N) * hidden); });
+    {
+        ComputeSpan span(group_->tracer, "gelu");
+        gelu_forward(a.gelu_out, a.gelu_in, int64_t(N) * hidden);
+    }
     y = linears_->row_forward("fc2", a.gelu_out, w.partial, w.branch, weights.fcprojw + int64_t(l) * C * hidden,
                               hidden, C);
     bias_forward(y, params.fcprojb + l * C, N_local, C);
@@ -313,7 +312,10 @@ void GPTModel<Backend>::block_backward(int l) {
     linears_->row_backward("fc2 backward", w.wide_grad, w.branch, w.gathered, a.gelu_out,
                            weights.fcprojw + int64_t(l) * C * hidden, grads.fcprojw + int64_t(l) * C * hidden, hidden,
                            C);
-    traced(group_, "gelu backward", [&] { gelu_backward(w.wide_grad, a.gelu_in, w.wide_grad, int64_t(N) * hidden); });
+    {
+        ComputeSpan span(group_->tracer, "gelu backward");
+        gelu_backward(w.wide_grad, a.gelu_in, w.wide_grad, int64_t(N) * hidden);
+    }
     const Act* dln = linears_->column_backward("fc1 backward", w.wide_grad, a.ln2_out, w.gathered, w.partial,
                                                w.local_grad, weights.fcw + int64_t(l) * hidden * C,
                                                grads.fcw + int64_t(l) * hidden * C, grads.fcb + l * hidden, C, hidden);
@@ -325,10 +327,11 @@ void GPTModel<Backend>::block_backward(int l) {
     bias_backward(grads.attprojb + l * C, w.branch, N_local, C);
     linears_->row_backward("attention proj backward", w.attn_grad, w.branch, w.gathered, a.attn_out,
                            weights.attprojw + int64_t(l) * C * Ct, grads.attprojw + int64_t(l) * C * Ct, Ct, C);
-    traced(group_, "attention backward", [&] {
+    {
+        ComputeSpan span(group_->tracer, "attention backward");
         Backend::attention_backward(w.wide_grad, w.attn_grad, a.qkv, a.softmax_out, a.attn_dropout_mask,
                                     a.attn_dropout_out, w.attention_scratch, B, T, Ct, heads, p);
-    });
+    }
     dln = linears_->column_backward("qkv backward", w.wide_grad, a.ln1_out, w.gathered, w.partial, w.local_grad,
                                     weights.qkvw + int64_t(l) * 3 * Ct * C, grads.qkvw + int64_t(l) * 3 * Ct * C,
                                     grads.qkvb + l * 3 * Ct, C, 3 * Ct);

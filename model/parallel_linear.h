@@ -96,20 +96,6 @@ struct NoPoll {
 };
 inline const NoPoll no_poll;
 
-// A span of compute on the trace.
-class ComputeSpan {
-public:
-    ComputeSpan(Tracer* tracer, const char* name) : tracer_(tracer), name_(name), start_(now_seconds()) {}
-    ~ComputeSpan() {
-        if (tracer_) tracer_->record(name_, Track::compute, start_, now_seconds());
-    }
-
-private:
-    Tracer* tracer_;
-    const char* name_;
-    double start_;
-};
-
 }  // namespace parallel_linear_detail
 
 template <class Comm, class Act>

@@ -1,9 +1,7 @@
 #include "parallel/nccl_communicator.h"
 
-#include <cstring>
 #include <stdexcept>
 #include <string>
-#include <utility>
 
 namespace tpsp {
 
@@ -27,40 +25,21 @@ static cudaEvent_t pooled_event() {
 
 static cudaStream_t compute_stream() { return gpu::context().stream; }
 
-NcclCommunicator::NcclCommunicator(MPI_Comm comm) : mpi_(comm) {
-    MPI_Comm_rank(comm, &rank_);
-    MPI_Comm_size(comm, &size_);
-    if (size_ == 1) return;
+NcclCommunicator::NcclCommunicator(MPI_Comm comm) : host_(comm) {
+    if (size() == 1) return;
     ncclUniqueId id;
-    if (rank_ == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    if (rank() == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
     MPI_Bcast(&id, int(sizeof id), MPI_BYTE, 0, comm);
-    check_nccl(ncclCommInitRank(&nccl_, size_, id, rank_), "ncclCommInitRank");
+    check_nccl(ncclCommInitRank(&nccl_, size(), id, rank()), "ncclCommInitRank");
     check_cuda(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking), "communication stream");
     check_cuda(cudaEventCreateWithFlags(&compute_ready_, cudaEventDisableTiming), "cudaEventCreate");
 }
 
-NcclCommunicator::NcclCommunicator(NcclCommunicator&& other) noexcept { *this = std::move(other); }
-
-NcclCommunicator& NcclCommunicator::operator=(NcclCommunicator&& other) noexcept {
-    std::swap(mpi_, other.mpi_);
-    std::swap(nccl_, other.nccl_);
-    std::swap(comm_stream_, other.comm_stream_);
-    std::swap(compute_ready_, other.compute_ready_);
-    std::swap(rank_, other.rank_);
-    std::swap(size_, other.size_);
-    return *this;
-}
-
-NcclCommunicator::~NcclCommunicator() { release(); }
-
-void NcclCommunicator::release() {
+NcclCommunicator::~NcclCommunicator() {
     if (comm_stream_) cudaStreamSynchronize(comm_stream_);
     if (nccl_) ncclCommDestroy(nccl_);
     if (comm_stream_) cudaStreamDestroy(comm_stream_);
     if (compute_ready_) cudaEventDestroy(compute_ready_);
-    nccl_ = nullptr;
-    comm_stream_ = nullptr;
-    compute_ready_ = nullptr;
 }
 
 void NcclCommunicator::after_compute() {
@@ -110,22 +89,22 @@ void NcclCommunicator::start_exchange(const bf16* send, bf16* receive, size_t co
 }
 
 NcclTransfer NcclCommunicator::start_all_gather(const bf16* shard, bf16* full, size_t count, const char* name) {
-    if (size_ == 1) {
+    if (size() == 1) {
         if (full != shard) copy(full, shard, count);
         return {};
     }
-    bytes.all_gather += int64_t(count) * size_ * int64_t(sizeof(bf16));
+    bytes.all_gather += int64_t(count) * size() * int64_t(sizeof(bf16));
     after_compute();
     check_nccl(ncclAllGather(shard, full, count, ncclBfloat16, nccl_, comm_stream_), "ncclAllGather");
     return finish_enqueue(name, true);
 }
 
 NcclTransfer NcclCommunicator::start_reduce_scatter(const bf16* full, bf16* shard, size_t count, const char* name) {
-    if (size_ == 1) {
+    if (size() == 1) {
         if (full != shard) copy(shard, full, count);
         return {};
     }
-    bytes.reduce_scatter += int64_t(count) * size_ * int64_t(sizeof(bf16));
+    bytes.reduce_scatter += int64_t(count) * size() * int64_t(sizeof(bf16));
     after_compute();
     check_nccl(ncclReduceScatter(full, shard, count, ncclBfloat16, ncclSum, nccl_, comm_stream_),
                "ncclReduceScatter");
@@ -144,7 +123,7 @@ void NcclCommunicator::reduce_scatter(const bf16* full, bf16* shard, size_t coun
 
 void NcclCommunicator::all_reduce(void* data, size_t count, ncclDataType_t type, ncclRedOp_t op,
                                   size_t element_bytes) {
-    if (size_ == 1) return;
+    if (size() == 1) return;
     bytes.all_reduce += int64_t(count * element_bytes);
     after_compute();
     check_nccl(ncclAllReduce(data, data, count, type, op, nccl_, comm_stream_), "ncclAllReduce");
@@ -160,18 +139,6 @@ void NcclCommunicator::all_reduce_sum(float* data, size_t count) {
 }
 void NcclCommunicator::all_reduce_max(float* data, size_t count) {
     all_reduce(data, count, ncclFloat32, ncclMax, sizeof(float));
-}
-
-void NcclCommunicator::all_reduce_sum(double* data, size_t count) {
-    if (size_ > 1) MPI_Allreduce(MPI_IN_PLACE, data, int(count), MPI_DOUBLE, MPI_SUM, mpi_);
-}
-
-void NcclCommunicator::gather(const float* send, float* receive, size_t count, int root) {
-    if (size_ == 1) {
-        if (receive != send) std::memcpy(receive, send, count * sizeof(float));
-        return;
-    }
-    MPI_Gather(send, int(count), MPI_FLOAT, receive, int(count), MPI_FLOAT, root, mpi_);
 }
 
 // ----------------------------------------------------------------------------

@@ -44,12 +44,10 @@ public:
     explicit NcclCommunicator(MPI_Comm comm);
     NcclCommunicator(const NcclCommunicator&) = delete;
     NcclCommunicator& operator=(const NcclCommunicator&) = delete;
-    NcclCommunicator(NcclCommunicator&& other) noexcept;
-    NcclCommunicator& operator=(NcclCommunicator&& other) noexcept;
     ~NcclCommunicator();
-    int rank() const { return rank_; }
-    int size() const { return size_; }
-    MPI_Comm* mpi() { return &mpi_; }
+    int rank() const { return host_.rank(); }
+    int size() const { return host_.size(); }
+    MPI_Comm* mpi() { return host_.mpi(); }
 
     // Blocking with respect to the compute stream (not the host).
     void all_gather(const bf16* shard, bf16* full, size_t count);
@@ -58,9 +56,9 @@ public:
     void all_reduce_sum(float* data, size_t count);
     void all_reduce_max(float* data, size_t count);
     // host doubles, over MPI (norms and losses)
-    void all_reduce_sum(double* data, size_t count);
+    void all_reduce_sum(double* data, size_t count) { host_.all_reduce_sum(data, count); }
     // host floats, over MPI (checkpoints)
-    void gather(const float* send, float* receive, size_t count, int root);
+    void gather(const float* send, float* receive, size_t count, int root) { host_.gather(send, receive, count, root); }
 
     void start_exchange(const bf16* send, bf16* receive, size_t count, int to, int from, int tag, const char* name,
                         Transfer* sent, Transfer* received);
@@ -84,12 +82,10 @@ private:
     void after_compute();
     Transfer finish_enqueue(const char* name, bool counts);
     void all_reduce(void* data, size_t count, ncclDataType_t type, ncclRedOp_t op, size_t element_bytes);
-    void release();
-    MPI_Comm mpi_ = MPI_COMM_NULL;
+    Communicator host_;  // the same group over MPI, for what lives on the host
     ncclComm_t nccl_ = nullptr;
     cudaStream_t comm_stream_ = nullptr;
     cudaEvent_t compute_ready_ = nullptr;
-    int rank_ = 0, size_ = 1;
 };
 
 }  // namespace tpsp

@@ -35,4 +35,21 @@ private:
     std::vector<Event> events_;
 };
 
+// A span of compute on a trace, from construction to destruction; nothing
+// when there is no tracer.
+class ComputeSpan {
+public:
+    ComputeSpan(Tracer* tracer, const char* name) : tracer_(tracer), name_(name), start_(now_seconds()) {}
+    ComputeSpan(const ComputeSpan&) = delete;
+    ComputeSpan& operator=(const ComputeSpan&) = delete;
+    ~ComputeSpan() {
+        if (tracer_) tracer_->record(name_, Track::compute, start_, now_seconds());
+    }
+
+private:
+    Tracer* tracer_;
+    const char* name_;
+    double start_;
+};
+
 }  // namespace tpsp

@@ -7,7 +7,6 @@ scripts/install_deps.sh
 scripts/build.sh
 ctest --test-dir build --output-on-failure -j"$(nproc)"
 
-if ! command -v nvcc > /dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH="/usr/local/cuda/bin:$PATH"; fi
 echo "== the build without MPI (-DTPSP_MPI=OFF)"
 cmake -S . -B build-nompi -G Ninja -DCMAKE_BUILD_TYPE=Release -DTPSP_MPI=OFF > /dev/null
 cmake --build build-nompi -j"$(nproc)" --target tpsp

@@ -119,24 +119,21 @@ static int command_bench(const ConfigArgs& args) {
         else throw ConfigError("tpsp bench: unknown option " + flag);
     }
     if (cfg.train.threads > 0) omp_set_num_threads(cfg.train.threads);
+    const bool on_gpu = resolve_device(cfg, true) == Device::cuda;  // only in a CUDA build
 #ifdef TPSP_WITH_CUDA
-    if (resolve_device(cfg, true) == Device::cuda) {
-        run_benchmark<CudaBackend>(cfg.gpt(), cfg.run_shape(), options, args.path.c_str());
-        return 0;
-    }
+    if (on_gpu) run_benchmark<CudaBackend>(cfg.gpt(), cfg.run_shape(), options, args.path.c_str());
 #endif
-    resolve_device(cfg, true);
-    run_benchmark<CpuBackend>(cfg.gpt(), cfg.run_shape(), options, args.path.c_str());
+    if (!on_gpu) run_benchmark<CpuBackend>(cfg.gpt(), cfg.run_shape(), options, args.path.c_str());
     return 0;
 }
 
 static int command_train(const ConfigArgs& args) {
     for (const auto& flag : args.flags) throw ConfigError("tpsp train: unknown option " + flag.first);
     Config cfg = load_config(args.path, args.overrides);
+    [[maybe_unused]] const bool on_gpu = resolve_device(cfg, true) == Device::cuda;  // only in a CUDA build
 #ifdef TPSP_WITH_CUDA
-    if (resolve_device(cfg, true) == Device::cuda) return train_on<CudaBackend>(cfg);
+    if (on_gpu) return train_on<CudaBackend>(cfg);
 #endif
-    resolve_device(cfg, true);
     return train_on<CpuBackend>(cfg);
 }
 

@@ -7,11 +7,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
-#include <optional>
 #include <vector>
 
 #include "data/gpt2_tokenizer.h"

@@ -5,12 +5,12 @@
 // cuBLASLt is column-major, and a row-major [r, c] matrix is a column-major
 // [c, r] one. So out [N, OC] = inp [N, C] @ weight [OC, C]^T is, to cuBLASLt,
 // out^T [OC, N] = (weight seen as [C, OC])^T · (inp seen as [C, N]).
-#include <array>
+#include <compare>
 #include <cstdint>
 #include <map>
-#include <utility>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "model/kernels/cuda_kernels.h"
 
@@ -54,9 +54,17 @@ static cublasLtMatrixLayout_t make_layout(const Operand& x, int batch) {
     return layout;
 }
 
-// Everything the choice of algorithm depends on: transposes, m n k, leading
-// dimensions, batch strides and count, output type, epilogue, alignments.
-using GemmKey = std::array<int64_t, 17>;
+// Everything the choice of algorithm depends on.
+struct GemmKey {
+    bool transa, transb;
+    int m, n, k;
+    int64_t lda, ldb, ldd, stride_a, stride_b, stride_d;
+    int batch;
+    cudaDataType d_type;
+    bool bias;
+    uint32_t align_a, align_b, align_d;  // bytes
+    auto operator<=>(const GemmKey&) const = default;
+};
 
 // cuBLASLt's heuristic's first choice for a GEMM, asked once per shape: the
 // query costs tens of microseconds, a step runs the same few shapes again and again.
@@ -73,12 +81,11 @@ static cublasLtMatmulAlgo_t choose_algorithm(const GemmKey& key, cublasLtMatmulD
     check_cublas(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                       &workspace_bytes, sizeof(workspace_bytes)),
                  "workspace size");
-    const uint32_t align_a = uint32_t(key[14]), align_b = uint32_t(key[15]), align_d = uint32_t(key[16]);
     const std::pair<cublasLtMatmulPreferenceAttributes_t, const uint32_t*> alignments[] = {
-        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a},
-        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b},
-        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d},
-        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d}};
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &key.align_a},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &key.align_b},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &key.align_d},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key.align_d}};
     for (const auto& [attribute, value] : alignments)
         check_cublas(cublasLtMatmulPreferenceSetAttribute(preference, attribute, value, sizeof(uint32_t)), "alignment");
     cublasLtMatmulHeuristicResult_t heuristic;
@@ -88,8 +95,8 @@ static cublasLtMatmulAlgo_t choose_algorithm(const GemmKey& key, cublasLtMatmulD
                  "matmul heuristic");
     cublasLtMatmulPreferenceDestroy(preference);
     if (returned == 0)
-        throw std::runtime_error("cuBLASLt has no algorithm for a " + std::to_string(key[2]) + "×" +
-                                 std::to_string(key[3]) + "×" + std::to_string(key[4]) + " GEMM");
+        throw std::runtime_error("cuBLASLt has no algorithm for a " + std::to_string(key.m) + "×" +
+                                 std::to_string(key.n) + "×" + std::to_string(key.k) + " GEMM");
     chosen.emplace(key, heuristic.algo);
     return heuristic.algo;
 }
@@ -119,7 +126,7 @@ static void lt_matmul(bool transa, bool transb, int m, int n, int k, float alpha
                            d_layout = make_layout(d, batch);
 
     const cublasLtMatmulAlgo_t algo = choose_algorithm(
-        {transa, transb, m, n, k, lda, ldb, ldd, strideA, strideB, strideD, batch, int64_t(d_type), bias != nullptr,
+        {transa, transb, m, n, k, lda, ldb, ldd, strideA, strideB, strideD, batch, d_type, bias != nullptr,
          pointer_alignment(A), pointer_alignment(B), pointer_alignment(D)},
         desc, a_layout, b_layout, d_layout);
     check_cublas(cublasLtMatmul(ctx.blas, desc, &alpha, A, a_layout, B, b_layout, &beta, D, d_layout, D, d_layout,
