@@ -209,7 +209,7 @@ template <class Backend>
 void GPTModel<Backend>::block_forward(int l, Act* block_out, const DropoutStep& draw, float p) {
     const int B = shape.batch, T = shape.seq_len, C = config.channels, t = tp.size;
     const int Ct = C / t, heads = config.num_heads / t, hidden = 4 * C / t;
-    const int N = T * B, N_local = local_seq() * B;  // rows of the full and of the local activations
+    const int N_local = local_seq() * B;  // rows of the local activations
     BlockActivations<Act>& a = blocks[l];
     Workspace<Act>& w = workspace;
     DropoutBox token_positions = token_box(local_seq(), B, T, C, seq_start(), draw.batch_offset);
@@ -234,12 +234,8 @@ void GPTModel<Backend>::block_forward(int l, Act* block_out, const DropoutStep& 
 
     // MLP half: block_out = ln2_in + dropout(ḡ(fc2(gelu(fc1(g(ln2(ln2_in)))))) + bias)
     layernorm_forward(a.ln2_out, a.ln2_in, params.ln2w + l * C, params.ln2b + l * C, N_local, C);
-    linears_->column_forward("fc1", a.gelu_in, a.ln2_out, w.gathered, weights.fcw + int64_t(l) * hidden * C,
-                             weights.fcb + l * hidden, C, hidden);
-    {
-        ComputeSpan span(group_->tracer, "gelu");
-        gelu_forward(a.gelu_out, a.gelu_in, int64_t(N) * hidden);
-    }
+    linears_->column_forward("fc1 + gelu", a.gelu_out, a.ln2_out, w.gathered, weights.fcw + int64_t(l) * hidden * C,
+                             weights.fcb + l * hidden, C, hidden, a.gelu_in);
     y = linears_->row_forward("fc2", a.gelu_out, w.partial, w.branch, weights.fcprojw + int64_t(l) * C * hidden,
                               hidden, C);
     bias_forward(y, params.fcprojb + l * C, N_local, C);
@@ -301,7 +297,7 @@ template <class Backend>
 void GPTModel<Backend>::block_backward(int l) {
     const int B = shape.batch, T = shape.seq_len, C = config.channels, t = tp.size;
     const int Ct = C / t, heads = config.num_heads / t, hidden = 4 * C / t;
-    const int N = T * B, N_local = local_seq() * B;
+    const int N_local = local_seq() * B;
     const float p = shape.dropout;
     const BlockActivations<Act>& a = blocks[l];
     Workspace<Act>& w = workspace;
@@ -309,13 +305,9 @@ void GPTModel<Backend>::block_backward(int l) {
     // MLP half
     dropout_backward(w.branch, a.fc2_dropout_mask, w.stream_grad, int64_t(N_local) * C, p);
     bias_backward(grads.fcprojb + l * C, w.branch, N_local, C);
-    linears_->row_backward("fc2 backward", w.wide_grad, w.branch, w.gathered, a.gelu_out,
+    linears_->row_backward("fc2 + gelu backward", w.wide_grad, w.branch, w.gathered, a.gelu_out,
                            weights.fcprojw + int64_t(l) * C * hidden, grads.fcprojw + int64_t(l) * C * hidden, hidden,
-                           C);
-    {
-        ComputeSpan span(group_->tracer, "gelu backward");
-        gelu_backward(w.wide_grad, a.gelu_in, w.wide_grad, int64_t(N) * hidden);
-    }
+                           C, a.gelu_in);
     const Act* dln = linears_->column_backward("fc1 backward", w.wide_grad, a.ln2_out, w.gathered, w.partial,
                                                w.local_grad, weights.fcw + int64_t(l) * hidden * C,
                                                grads.fcw + int64_t(l) * hidden * C, grads.fcb + l * hidden, C, hidden);

@@ -43,9 +43,11 @@ public:
           rs_scratch_(rs_scratch) {}
 
     // Column-parallel: out [N, OC] = g(x_local [N_local, C]) @ weight^T + bias.
-    // gathered [N, C] is scratch (the all-gathered input).
+    // gathered [N, C] is scratch (the all-gathered input). With pre_gelu
+    // (fc1), the product goes there and out = gelu(pre_gelu): one GEMM with
+    // a GELU epilogue on the GPU, tile by tile as the overlap gives them.
     void column_forward(const char* name, Act* out, const Act* x_local, Act* gathered, const Act* weight,
-                        const Act* bias, int C, int OC);
+                        const Act* bias, int C, int OC, Act* pre_gelu = nullptr);
     // Its backward: dweight, dbias accumulate; returns dL/dx_local [N_local, C]
     // (in local_grad, or in partial without SP). Re-gathers the saved shard
     // x_local into gathered; partial [N, C] holds the dgrad before its reduction.
@@ -56,12 +58,26 @@ public:
     // Returns y (local, or partial without SP); partial [N, OC] is scratch.
     Act* row_forward(const char* name, const Act* inp, Act* partial, Act* local, const Act* weight, int K, int OC);
     // Its backward: dinp [N, K] (overwritten) from dy_local [N_local, OC]; dweight accumulates.
-    // gathered [N, OC] receives ḡ's all-gather of dy.
+    // gathered [N, OC] receives ḡ's all-gather of dy. With pre_gelu [N, K]
+    // (fc2, whose input inp = gelu(pre_gelu)), dinp is the gradient of
+    // pre_gelu: the GELU's backward in the dgrad GEMM's epilogue.
     void row_backward(const char* name, Act* dinp, const Act* dy_local, Act* gathered, const Act* inp,
-                      const Act* weight, float* dweight, int K, int OC);
+                      const Act* weight, float* dweight, int K, int OC, const Act* pre_gelu = nullptr);
 
 private:
     using Transfer = typename Comm::Transfer;
+    // rows of out [.., OC] = x [rows, C] @ weight^T + bias, then GELU when pre_gelu is given
+    static void linear_rows(Act* out, Act* pre_gelu, const Act* x, const Act* weight, const Act* bias, int rows,
+                            int C, int OC) {
+        if (pre_gelu) matmul_forward_gelu(out, pre_gelu, x, weight, bias, rows, C, OC);
+        else matmul_forward(out, x, weight, bias, rows, C, OC);
+    }
+    // rows of dinp [.., K] = dy [rows, OC] @ weight, through the GELU's backward when pre_gelu is given
+    static void dgrad_rows(Act* dinp, const Act* dy, const Act* weight, const Act* pre_gelu, int rows, int K,
+                           int OC) {
+        if (pre_gelu) matmul_backward_input_gelu(dinp, dy, weight, pre_gelu, rows, K, OC);
+        else matmul_backward_input(dinp, dy, weight, rows, K, OC);
+    }
     bool overlapping() const { return sequence_parallel_ && group_->size() > 1; }
     Comm* group_;
     TensorParallelMappings<Comm> mappings_;
@@ -100,21 +116,21 @@ inline const NoPoll no_poll;
 
 template <class Comm, class Act>
 void ParallelLinears<Comm, Act>::column_forward(const char* name, Act* out, const Act* x_local, Act* gathered,
-                                                const Act* weight, const Act* bias, int C, int OC) {
+                                                const Act* weight, const Act* bias, int C, int OC, Act* pre_gelu) {
     using namespace parallel_linear_detail;
     if (!(overlapping() && overlap_.ag)) {
         const Act* x = mappings_.g_forward(x_local, gathered, size_t(N_) * C);
         ComputeSpan span(group_->tracer, name);
-        matmul_forward(out, x, weight, bias, N_, C, OC);
+        linear_rows(out, pre_gelu, x, weight, bias, N_, C, OC);
         return;
     }
     ring_all_gather_overlapped(*group_, x_local, gathered, size_t(N_local_) * C,
                                [&](int chunk, const Act* data, const Poll<Comm>& poll) {
                                    ComputeSpan span(group_->tracer, name);
-                                   Act* rows_out = out + size_t(chunk) * N_local_ * OC;
                                    in_row_tiles(N_local_, poll, [&](int r0, int rows) {
-                                       matmul_forward(rows_out + size_t(r0) * OC, data + size_t(r0) * C, weight, bias,
-                                                      rows, C, OC);
+                                       const size_t first = size_t(chunk) * N_local_ + r0;  // row of out
+                                       linear_rows(out + first * OC, pre_gelu ? pre_gelu + first * OC : nullptr,
+                                                   data + size_t(r0) * C, weight, bias, rows, C, OC);
                                    });
                                });
 }
@@ -214,22 +230,24 @@ Act* ParallelLinears<Comm, Act>::row_forward(const char* name, const Act* inp, A
 
 template <class Comm, class Act>
 void ParallelLinears<Comm, Act>::row_backward(const char* name, Act* dinp, const Act* dy_local, Act* gathered,
-                                              const Act* inp, const Act* weight, float* dweight, int K, int OC) {
+                                              const Act* inp, const Act* weight, float* dweight, int K, int OC,
+                                              const Act* pre_gelu) {
     using namespace parallel_linear_detail;
     if (!(overlapping() && overlap_.ag)) {
         const Act* dy = mappings_.gbar_backward(dy_local, gathered, size_t(N_) * OC);
         ComputeSpan span(group_->tracer, name);
-        matmul_backward(dinp, dweight, nullptr, dy, inp, weight, N_, K, OC);
+        dgrad_rows(dinp, dy, weight, pre_gelu, N_, K, OC);
+        matmul_backward_weight(dweight, nullptr, dy, inp, N_, K, OC, 0, OC);
         return;
     }
     // ḡ's all-gather of dy as a ring, each arriving chunk's dgrad computed at once
     ring_all_gather_overlapped(*group_, dy_local, gathered, size_t(N_local_) * OC,
                                [&](int chunk, const Act* data, const Poll<Comm>& poll) {
                                    ComputeSpan span(group_->tracer, name);
-                                   Act* rows_out = dinp + size_t(chunk) * N_local_ * K;
                                    in_row_tiles(N_local_, poll, [&](int r0, int rows) {
-                                       matmul_backward_input(rows_out + size_t(r0) * K, data + size_t(r0) * OC,
-                                                             weight, rows, K, OC);
+                                       const size_t first = size_t(chunk) * N_local_ + r0;  // row of dinp
+                                       dgrad_rows(dinp + first * K, data + size_t(r0) * OC, weight,
+                                                  pre_gelu ? pre_gelu + first * K : nullptr, rows, K, OC);
                                    });
                                });
     ComputeSpan span(group_->tracer, name);

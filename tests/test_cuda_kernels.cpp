@@ -166,6 +166,32 @@ TEST_F(CudaKernels, MatmulMatchesCpu) {
     expect_close(host(d_dbias), dbias, "matmul dbias rows 8..32", 1e-4);
 }
 
+// fc1's GELU_AUX_BIAS and fc2's DGELU epilogues against the CPU's GEMM then
+// GELU. The GELU side is `width` wide: 40 takes the epilogues, 36 (not a
+// multiple of 8) the GEMM and the GELU kernel apart.
+TEST_F(CudaKernels, MatmulGeluEpiloguesMatchCpu) {
+    for (int width : {OC, 36}) {
+        const std::string shape = " (width " + std::to_string(width) + ")";
+        // forward: [N, C] → [N, width];  backward: dout [N, C] through a [C, width] weight to [N, width]
+        auto inp = random_bf16_values(N * C, 30), weight = random_bf16_values(width * C, 31, 0.3f),
+             bias = random_bf16_values(width, 32), pre_gelu_in = random_bf16_values(N * width, 33, 2.0f);
+        const std::vector<float>& dout = inp;
+        std::vector<float> out(N * width), pre_gelu(N * width), dinp(N * width);
+        matmul_forward_gelu(out.data(), pre_gelu.data(), inp.data(), weight.data(), bias.data(), N, C, width);
+        matmul_backward_input_gelu(dinp.data(), dout.data(), weight.data(), pre_gelu_in.data(), N, width, C);
+
+        auto d_inp = device_bf16(inp), d_weight = device_bf16(weight), d_bias = device_bf16(bias),
+             d_pre_gelu_in = device_bf16(pre_gelu_in);
+        DeviceBuffer<bf16> d_out(N * width), d_pre_gelu(N * width), d_dinp(N * width);
+        matmul_forward_gelu(d_out.data(), d_pre_gelu.data(), d_inp.data(), d_weight.data(), d_bias.data(), N, C,
+                            width);
+        matmul_backward_input_gelu(d_dinp.data(), d_inp.data(), d_weight.data(), d_pre_gelu_in.data(), N, width, C);
+        expect_close(host_float(d_pre_gelu), pre_gelu, "fc1 pre-GELU output" + shape);
+        expect_close(host_float(d_out), out, "fc1 GELU output" + shape);
+        expect_close(host_float(d_dinp), dinp, "fc2 dgrad through the GELU" + shape);
+    }
+}
+
 TEST_F(CudaKernels, GeluResidualAndBiasMatchCpu) {
     const int64_t n = int64_t(N) * OC;
     auto inp = random_bf16_values(n, 12, 2.0f), other = random_bf16_values(n, 13), dout = random_bf16_values(n, 14),

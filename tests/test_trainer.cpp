@@ -318,7 +318,7 @@ TEST(TensorParallelTraining, TheTraceShowsComputeAndCommunicationOfEveryRank) {
     ASSERT_EQ(r.exit_code, 0) << r.err;
     std::string json = read_text(trace);
     for (const char* needle : {"\"traceEvents\"", "\"pid\": 0, \"tid\": 0", "\"pid\": 1, \"tid\": 1",
-                               "ring all-gather", "ring reduce-scatter", "bulk all-gather", "\"fc1\"", "rank 1"})
+                               "ring all-gather", "ring reduce-scatter", "bulk all-gather", "\"fc1 + gelu\"", "rank 1"})
         EXPECT_NE(json.find(needle), std::string::npos) << "the trace lacks " << needle;
     std::vector<std::string> exposed = field(dir / "metrics.jsonl", "exposed_comm_ms");
     std::vector<std::string> total = field(dir / "metrics.jsonl", "comm_ms");

@@ -216,6 +216,18 @@ void matmul_backward_input(float* dinp, const float* dout, const float* weight, 
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C, 0.0f, dinp, C);
 }
 
+void matmul_forward_gelu(float* out, float* pre_gelu, const float* inp, const float* weight, const float* bias,
+                         int N, int C, int OC) {
+    matmul_forward(pre_gelu, inp, weight, bias, N, C, OC);
+    gelu_forward(out, pre_gelu, int64_t(N) * OC);
+}
+
+void matmul_backward_input_gelu(float* dinp, const float* dout, const float* weight, const float* pre_gelu, int N,
+                                int C, int OC) {
+    matmul_backward_input(dinp, dout, weight, N, C, OC);
+    gelu_backward(dinp, pre_gelu, dinp, int64_t(N) * C);
+}
+
 void matmul_backward_input_columns(float* dinp, const float* dout, const float* weight, int N, int C, int OC,
                                    int c_begin, int c_end) {
     const int width = c_end - c_begin;

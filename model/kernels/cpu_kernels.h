@@ -42,12 +42,20 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 
 // out [N, OC] = inp [N, C] @ weight [OC, C]^T + bias [OC]  (bias may be null)
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC);
+// A linear and the GELU after it: pre_gelu [N, OC] = inp @ weight^T + bias,
+// out [N, OC] = gelu(pre_gelu). The GPU does both in one GEMM's epilogue;
+// here it is the GEMM, then the GELU on the same rows.
+void matmul_forward_gelu(float* out, float* pre_gelu, const float* inp, const float* weight, const float* bias,
+                         int N, int C, int OC);
 // dinp [N, C] is OVERWRITTEN; dweight [OC, C] and dbias [OC] accumulate.
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                      const float* weight, int N, int C, int OC);
 // The two halves of matmul_backward, for schedules that run them apart:
 // dgrad: dinp [N, C] = dout [N, OC] @ weight [OC, C]   (OVERWRITTEN)
 void matmul_backward_input(float* dinp, const float* dout, const float* weight, int N, int C, int OC);
+// dgrad through the GELU that made the input: dinp [N, C] = (dout @ weight) ⊙ gelu'(pre_gelu [N, C])
+void matmul_backward_input_gelu(float* dinp, const float* dout, const float* weight, const float* pre_gelu, int N,
+                                int C, int OC);
 // dgrad of the input columns [c_begin, c_end) only: dinp [N, c_end − c_begin] (OVERWRITTEN)
 void matmul_backward_input_columns(float* dinp, const float* dout, const float* weight, int N, int C, int OC,
                                    int c_begin, int c_end);

@@ -1,6 +1,8 @@
 // The GEMMs of cuda_kernels.h through cuBLASLt: bf16 inputs, fp32
 // accumulation, bf16 outputs (fp32 for the weight gradients, which
-// accumulate into the fp32 gradient buffers), the bias added in the epilogue.
+// accumulate into the fp32 gradient buffers). The bias, and fc1's GELU and
+// fc2's GELU gradient, are applied in the GEMM's epilogue, on the fp32
+// accumulator, so the product is written once.
 //
 // cuBLASLt is column-major, and a row-major [r, c] matrix is a column-major
 // [c, r] one. So out [N, OC] = inp [N, C] @ weight [OC, C]^T is, to cuBLASLt,
@@ -54,6 +56,19 @@ static cublasLtMatrixLayout_t make_layout(const Operand& x, int batch) {
     return layout;
 }
 
+// What cuBLASLt does to the product before it stores D (m × n).
+struct Epilogue {
+    cublasLtEpilogue_t kind = CUBLASLT_EPILOGUE_DEFAULT;
+    const bf16* bias = nullptr;  // [m], added to every column (BIAS, GELU_AUX_BIAS)
+    // m × n, ld m: GELU_AUX_BIAS writes the GELU's input there; DGELU reads it
+    const bf16* aux = nullptr;
+};
+
+static Epilogue plain() { return {}; }
+static Epilogue with_bias(const bf16* bias) {
+    return bias ? Epilogue{CUBLASLT_EPILOGUE_BIAS, bias, nullptr} : plain();
+}
+
 // Everything the choice of algorithm depends on.
 struct GemmKey {
     bool transa, transb;
@@ -61,10 +76,30 @@ struct GemmKey {
     int64_t lda, ldb, ldd, stride_a, stride_b, stride_d;
     int batch;
     cudaDataType d_type;
-    bool bias;
-    uint32_t align_a, align_b, align_d;  // bytes
+    cublasLtEpilogue_t epilogue;
+    uint32_t align_a, align_b, align_d, align_aux;  // bytes
     auto operator<=>(const GemmKey&) const = default;
 };
+
+static void set_epilogue(cublasLtMatmulDesc_t desc, const Epilogue& epilogue, int m) {
+    if (epilogue.kind == CUBLASLT_EPILOGUE_DEFAULT) return;
+    check_cublas(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue.kind,
+                                                sizeof(epilogue.kind)),
+                 "epilogue");
+    if (epilogue.bias)
+        check_cublas(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &epilogue.bias,
+                                                    sizeof(epilogue.bias)),
+                     "bias pointer");
+    if (epilogue.aux) {
+        const int64_t aux_ld = m;
+        check_cublas(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &epilogue.aux,
+                                                    sizeof(epilogue.aux)),
+                     "GELU input pointer");
+        check_cublas(
+            cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)),
+            "GELU input leading dimension");
+    }
+}
 
 // cuBLASLt's heuristic's first choice for a GEMM, asked once per shape: the
 // query costs tens of microseconds, a step runs the same few shapes again and again.
@@ -101,24 +136,17 @@ static cublasLtMatmulAlgo_t choose_algorithm(const GemmKey& key, cublasLtMatmulD
     return heuristic.algo;
 }
 
-// D = alpha · op(A) · op(B) + beta · D  (+ bias [m] on every column of D),
-// D is m × n, op(A) m × k, op(B) k × n.
+// D = epilogue(alpha · op(A) · op(B) + beta · D), D is m × n, op(A) m × k, op(B) k × n.
 static void lt_matmul(bool transa, bool transb, int m, int n, int k, float alpha, const void* A, int64_t lda,
                       int64_t strideA, const void* B, int64_t ldb, int64_t strideB, float beta, void* D,
-                      cudaDataType d_type, int64_t ldd, int64_t strideD, int batch, const bf16* bias) {
+                      cudaDataType d_type, int64_t ldd, int64_t strideD, int batch, const Epilogue& epilogue) {
     const GpuContext& ctx = gpu::context();
     cublasLtMatmulDesc_t desc;
     check_cublas(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul descriptor");
     const cublasOperation_t op_a = transa ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = transb ? CUBLAS_OP_T : CUBLAS_OP_N;
     check_cublas(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)), "transa");
     check_cublas(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)), "transb");
-    if (bias) {
-        const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
-        check_cublas(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)),
-                     "bias epilogue");
-        check_cublas(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
-                     "bias pointer");
-    }
+    set_epilogue(desc, epilogue, m);
     const Operand a{A, CUDA_R_16BF, uint64_t(transa ? k : m), uint64_t(transa ? m : k), lda, strideA};
     const Operand b{B, CUDA_R_16BF, uint64_t(transb ? n : k), uint64_t(transb ? k : n), ldb, strideB};
     const Operand d{D, d_type, uint64_t(m), uint64_t(n), ldd, strideD};
@@ -126,8 +154,9 @@ static void lt_matmul(bool transa, bool transb, int m, int n, int k, float alpha
                            d_layout = make_layout(d, batch);
 
     const cublasLtMatmulAlgo_t algo = choose_algorithm(
-        {transa, transb, m, n, k, lda, ldb, ldd, strideA, strideB, strideD, batch, d_type, bias != nullptr,
-         pointer_alignment(A), pointer_alignment(B), pointer_alignment(D)},
+        {transa, transb, m, n, k, lda, ldb, ldd, strideA, strideB, strideD, batch, d_type, epilogue.kind,
+         pointer_alignment(A), pointer_alignment(B), pointer_alignment(D),
+         epilogue.aux ? pointer_alignment(epilogue.aux) : 256},
         desc, a_layout, b_layout, d_layout);
     check_cublas(cublasLtMatmul(ctx.blas, desc, &alpha, A, a_layout, B, b_layout, &beta, D, d_layout, D, d_layout,
                                 &algo, ctx.blas_workspace, ctx.blas_workspace_bytes, ctx.stream),
@@ -143,12 +172,33 @@ void gpu::batched_gemm(bool transa, bool transb, int m, int n, int k, float alph
                        int64_t strideA, const bf16* B, int ldb, int64_t strideB, float beta, bf16* D, int ldd,
                        int64_t strideD, int batch) {
     lt_matmul(transa, transb, m, n, k, alpha, A, lda, strideA, B, ldb, strideB, beta, D, CUDA_R_16BF, ldd, strideD,
-              batch, nullptr);
+              batch, plain());
+}
+
+// out^T [OC, N] = epilogue((weight as [C, OC])^T · (inp as [C, N]))
+static void forward_gemm(bf16* out, const bf16* inp, const bf16* weight, int N, int C, int OC,
+                         const Epilogue& epilogue) {
+    lt_matmul(true, false, OC, N, C, 1.0f, weight, C, 0, inp, C, 0, 0.0f, out, CUDA_R_16BF, OC, 0, 1, epilogue);
 }
 
 void matmul_forward(bf16* out, const bf16* inp, const bf16* weight, const bf16* bias, int N, int C, int OC) {
-    // out^T [OC, N] = (weight as [C, OC])^T · (inp as [C, N])
-    lt_matmul(true, false, OC, N, C, 1.0f, weight, C, 0, inp, C, 0, 0.0f, out, CUDA_R_16BF, OC, 0, 1, bias);
+    forward_gemm(out, inp, weight, N, C, OC, with_bias(bias));
+}
+
+// cuBLASLt's GELU matrix needs a leading dimension divisible by 8, and
+// 16-byte aligned rows; other shapes take the GEMM and the GELU kernel apart.
+static bool gelu_epilogue_fits(int OC, const void* aux) {
+    return OC % 8 == 0 && reinterpret_cast<uintptr_t>(aux) % 16 == 0;
+}
+
+void matmul_forward_gelu(bf16* out, bf16* pre_gelu, const bf16* inp, const bf16* weight, const bf16* bias, int N,
+                         int C, int OC) {
+    if (!bias || !gelu_epilogue_fits(OC, pre_gelu)) {
+        matmul_forward(pre_gelu, inp, weight, bias, N, C, OC);
+        gelu_forward(out, pre_gelu, int64_t(N) * OC);
+        return;
+    }
+    forward_gemm(out, inp, weight, N, C, OC, {CUBLASLT_EPILOGUE_GELU_AUX_BIAS, bias, pre_gelu});
 }
 
 void matmul_backward(bf16* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp,
@@ -166,7 +216,19 @@ void matmul_backward_input_columns(bf16* dinp, const bf16* dout, const bf16* wei
     // dinp^T [width, N] = (weight columns as [width, OC], ld C) · (dout as [OC, N])
     const int width = c_end - c_begin;
     lt_matmul(false, false, width, N, OC, 1.0f, weight + c_begin, C, 0, dout, OC, 0, 0.0f, dinp, CUDA_R_16BF, width,
-              0, 1, nullptr);
+              0, 1, plain());
+}
+
+void matmul_backward_input_gelu(bf16* dinp, const bf16* dout, const bf16* weight, const bf16* pre_gelu, int N,
+                                int C, int OC) {
+    if (!gelu_epilogue_fits(C, pre_gelu)) {
+        matmul_backward_input(dinp, dout, weight, N, C, OC);
+        gelu_backward(dinp, pre_gelu, dinp, int64_t(N) * C);
+        return;
+    }
+    // dinp^T [C, N] = gelu'(pre_gelu^T) ⊙ ((weight as [C, OC]) · (dout as [OC, N]))
+    lt_matmul(false, false, C, N, OC, 1.0f, weight, C, 0, dout, OC, 0, 0.0f, dinp, CUDA_R_16BF, C, 0, 1,
+              {CUBLASLT_EPILOGUE_DGELU, nullptr, pre_gelu});
 }
 
 void matmul_backward_weight(float* dweight, float* dbias, const bf16* dout, const bf16* inp, int N, int C, int OC,
@@ -174,7 +236,7 @@ void matmul_backward_weight(float* dweight, float* dbias, const bf16* dout, cons
     // dweight rows [o_begin, o_end) as [C, width]: += (inp as [C, N]) · (dout columns as [width, N], ld OC)^T
     const int width = o_end - o_begin;
     lt_matmul(false, true, C, width, N, 1.0f, inp, C, 0, dout + o_begin, OC, 0, 1.0f, dweight + int64_t(o_begin) * C,
-              CUDA_R_32F, C, 0, 1, nullptr);
+              CUDA_R_32F, C, 0, 1, plain());
     if (dbias) bias_backward_columns(dbias + o_begin, dout + o_begin, N, width, OC);
 }
 

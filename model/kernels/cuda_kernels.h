@@ -82,11 +82,19 @@ void layernorm_backward(bf16* dinp, float* dweight, float* dbias, const bf16* do
 // GEMMs through cuBLASLt, fp32 accumulation (cuda_gemm.cu).
 // out [N, OC] = inp [N, C] @ weight [OC, C]^T + bias [OC]  (bias may be null: a bias epilogue otherwise)
 void matmul_forward(bf16* out, const bf16* inp, const bf16* weight, const bf16* bias, int N, int C, int OC);
+// fc1 and its GELU in one GEMM (cuBLASLt's GELU_AUX_BIAS epilogue):
+// pre_gelu [N, OC] = inp @ weight^T + bias, out [N, OC] = gelu(pre_gelu)
+void matmul_forward_gelu(bf16* out, bf16* pre_gelu, const bf16* inp, const bf16* weight, const bf16* bias, int N,
+                         int C, int OC);
 // dinp [N, C] OVERWRITTEN; dweight [OC, C] and dbias [OC] (fp32) accumulate.
 void matmul_backward(bf16* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp,
                      const bf16* weight, int N, int C, int OC);
 // dgrad: dinp [N, C] = dout [N, OC] @ weight [OC, C]   (OVERWRITTEN)
 void matmul_backward_input(bf16* dinp, const bf16* dout, const bf16* weight, int N, int C, int OC);
+// fc2's dgrad through the GELU before it (DGELU epilogue):
+// dinp [N, C] = (dout @ weight) ⊙ gelu'(pre_gelu [N, C])   (OVERWRITTEN)
+void matmul_backward_input_gelu(bf16* dinp, const bf16* dout, const bf16* weight, const bf16* pre_gelu, int N,
+                                int C, int OC);
 // dgrad of the input columns [c_begin, c_end): dinp [N, c_end − c_begin]   (OVERWRITTEN)
 void matmul_backward_input_columns(bf16* dinp, const bf16* dout, const bf16* weight, int N, int C, int OC,
                                    int c_begin, int c_end);
