@@ -35,6 +35,8 @@ struct CpuBackend {
     static constexpr const char* name = "cpu";
     // the GEMMs read the fp32 parameters themselves
     static constexpr bool copies_gemm_weights = false;
+    // no cuDNN: attention is the explicit kernels only
+    static constexpr bool has_fused_attention = false;
 
     static const Memory& memory() { return host_memory; }
     static void copy(void* dst, const void* src, size_t bytes) { std::memmove(dst, src, bytes); }

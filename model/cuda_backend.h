@@ -10,6 +10,7 @@
 
 #include "model/gpt.h"
 #include "model/kernels/cuda_device.h"
+#include "model/kernels/cudnn_attention.h"
 #include "model/tensor_table.h"
 #include "parallel/nccl_communicator.h"
 
@@ -24,6 +25,7 @@ struct CudaBackend {
     };
     static constexpr const char* name = "cuda";
     static constexpr bool copies_gemm_weights = true;
+    static constexpr bool has_fused_attention = true;  // model.attention: cudnn
 
     static const Memory& memory();  // cudaMalloc, zero-filled
     static void copy(void* dst, const void* src, size_t bytes);
@@ -43,6 +45,15 @@ struct CudaBackend {
                                    const uint8_t* dropout_mask, const bf16* dropout_out, bf16* scratch, int B,
                                    int T, int C, int NH, float p) {
         tpsp::attention_backward(dqkv, dout, qkv, softmax_out, dropout_mask, dropout_out, scratch, B, T, C, NH, p);
+    }
+    // cuDNN's fused attention (cudnn_attention.h): saves only stats [B, NH, T]
+    static void fused_attention_forward(bf16* out, float* stats, const bf16* qkv, int B, int T, int C, int NH,
+                                        float p, uint64_t seed) {
+        tpsp::fused_attention_forward(out, stats, qkv, B, T, C, NH, p, seed);
+    }
+    static void fused_attention_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* out,
+                                         const float* stats, int B, int T, int C, int NH, float p, uint64_t seed) {
+        tpsp::fused_attention_backward(dqkv, dout, qkv, out, stats, B, T, C, NH, p, seed);
     }
     static void finish_losses(float* losses, float* lse, const float* maxes, const float* stats, int N) {
         crossentropy_loss_forward(losses, lse, maxes, stats, N);

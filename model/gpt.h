@@ -18,6 +18,11 @@
 
 namespace tpsp {
 
+// How attention runs: the explicit kernels that save S', the mask and S
+// (DESIGN §2's table), or cuDNN's fused kernel that saves only the softmax
+// row statistics (model.attention: cudnn; GPU only).
+enum class AttentionKernel { explicit_scores, cudnn_fused };
+
 struct GPTConfig {
     int max_seq_len = 1024;         // maxT: rows of wpe
     int vocab_size = 50257;         // V: real tokens
@@ -25,6 +30,7 @@ struct GPTConfig {
     int num_layers = 12;            // L
     int num_heads = 12;             // a
     int channels = 768;             // h (C)
+    AttentionKernel attention = AttentionKernel::explicit_scores;
 };
 
 // The shape of one forward/backward: micro-batch b, sequence length s, and
@@ -84,9 +90,10 @@ struct BlockActivations {
     Act* ln1_in;                // [s_local, b, h]  residual stream entering the block
     Act* ln1_out;               // [s_local, b, h]  QKV GEMM input (re-gathered in backward)
     Act* qkv;                   // [s, b, 3h/t]
-    Act* softmax_out;           // [b, a/t, s, s]  S'
-    uint8_t* attn_dropout_mask; // [b, a/t, s, s]
-    Act* attn_dropout_out;      // [b, a/t, s, s]  S
+    Act* softmax_out;           // [b, a/t, s, s]  S'      (explicit attention)
+    uint8_t* attn_dropout_mask; // [b, a/t, s, s]          (explicit attention)
+    Act* attn_dropout_out;      // [b, a/t, s, s]  S       (explicit attention)
+    float* softmax_stats;       // [b, a/t, s]  log Σ exp of each score row (cuDNN's fused attention, instead)
     Act* attn_out;              // [s, b, h/t]  proj GEMM input
     uint8_t* proj_dropout_mask; // [s_local, b, h]
     Act* ln2_in;                // [s_local, b, h]
@@ -147,8 +154,10 @@ std::vector<TensorSpec> token_table(const RunShape& shape, TokenBuffers* tokens)
 // DESIGN §2, bytes per block per rank:
 //   TP+SP:    b·s·h·(16e + 2)/t  +  b·a·s²·(2e + 1)/t
 //   TP only:  b·s·h·(4e + 2)     +  b·s·h·12e/t  +  b·a·s²·(2e + 1)/t
+// With cuDNN's fused attention the b·a·s²·(2e + 1)/t term is 4·b·a·s/t (fp32 row statistics).
 int64_t block_activation_formula_bytes(int64_t b, int64_t s, int64_t h, int64_t a, int64_t e, int64_t t,
-                                       bool sequence_parallel);
+                                       bool sequence_parallel,
+                                       AttentionKernel attention = AttentionKernel::explicit_scores);
 
 // The dropout draw of one forward: the same (seed, step) draws the same masks;
 // batch_offset is the global index of this micro-batch's first sequence
@@ -206,6 +215,8 @@ public:
 private:
     void refresh_gemm_weights();
     void block_forward(int layer, Act* block_out, const DropoutStep& draw, float p);
+    void attention_forward(int layer, const DropoutStep& draw, float p);
+    void attention_backward(int layer);
     void block_backward(int layer);
     void classifier_forward();
     void classifier_backward(float dloss_scale);
@@ -216,6 +227,7 @@ private:
     TensorParallelMappings<Comm> mappings_;
     std::unique_ptr<ParallelLinears<Comm, Act>> linears_;
     std::vector<int> host_row_targets_;  // [s, b], staged for the upload
+    DropoutStep last_draw_;              // the last forward's: cuDNN's attention redraws its masks from it
     struct GemmWeightCopy {
         Act* copy;             // in weight_arena
         const float* master;   // in param_arena

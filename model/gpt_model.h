@@ -47,13 +47,21 @@ std::vector<TensorSpec> block_activation_table(const GPTConfig& c, const RunShap
     Dim s_local = tp.sequence_parallel ? split_dim(r.seq_len, "s", t) : s;
     Dim heads = split_dim(c.num_heads, "a", t), h_t = split_dim(c.channels, "h", t);
     Dim h3_t = split_dim(3 * c.channels, "3h", t), h4_t = split_dim(4 * c.channels, "4h", t);
-    return {
+    std::vector<TensorSpec> attention;
+    if (c.attention == AttentionKernel::cudnn_fused) {
+        attention = {tensor("softmax_stats", {b, heads, s}, &a->softmax_stats)};
+    } else {
+        attention = {tensor("softmax_out", {b, heads, s, s}, &a->softmax_out),
+                     tensor("attn_dropout_mask", {b, heads, s, s}, &a->attn_dropout_mask),
+                     tensor("attn_dropout_out", {b, heads, s, s}, &a->attn_dropout_out)};
+    }
+    std::vector<TensorSpec> table = {
         tensor("ln1_in", {s_local, b, h}, &a->ln1_in),
         tensor("ln1_out", {s_local, b, h}, &a->ln1_out),
         tensor("qkv", {s, b, h3_t}, &a->qkv),
-        tensor("softmax_out", {b, heads, s, s}, &a->softmax_out),
-        tensor("attn_dropout_mask", {b, heads, s, s}, &a->attn_dropout_mask),
-        tensor("attn_dropout_out", {b, heads, s, s}, &a->attn_dropout_out),
+    };
+    table.insert(table.end(), attention.begin(), attention.end());
+    std::vector<TensorSpec> rest = {
         tensor("attn_out", {s, b, h_t}, &a->attn_out),
         tensor("proj_dropout_mask", {s_local, b, h}, &a->proj_dropout_mask),
         tensor("ln2_in", {s_local, b, h}, &a->ln2_in),
@@ -62,6 +70,16 @@ std::vector<TensorSpec> block_activation_table(const GPTConfig& c, const RunShap
         tensor("gelu_out", {s, b, h4_t}, &a->gelu_out),
         tensor("fc2_dropout_mask", {s_local, b, h}, &a->fc2_dropout_mask),
     };
+    table.insert(table.end(), rest.begin(), rest.end());
+    return table;
+}
+
+// The attention kernels' scratch in the workspace: none for cuDNN's fused
+// kernel, which keeps its own.
+template <class Backend>
+Dim attention_scratch_for(const GPTConfig& c, const RunShape& r, int t) {
+    if (c.attention == AttentionKernel::cudnn_fused) return {0, "cuDNN's own"};
+    return Backend::attention_scratch(r.batch, r.seq_len, c.channels, c.num_heads, t);
 }
 
 template <class Act>
@@ -116,6 +134,8 @@ GPTModel<Backend>::GPTModel(const GPTConfig& c, const RunShape& r, const TensorP
       mappings_(group_, t.sequence_parallel && t.size > 1) {
     if (group_->size() != tp.size || group_->rank() != tp.rank)
         throw std::logic_error("GPT: the communicator does not match the tensor-parallel layout");
+    if (config.attention == AttentionKernel::cudnn_fused && !Backend::has_fused_attention)
+        throw std::invalid_argument("model.attention: cudnn is cuDNN's fused attention: it needs the GPU");
     const Memory& memory = Backend::memory();
     parameter_specs = parameter_table(config, tp.size, &params);
     param_arena = Arena(parameter_specs, memory);
@@ -147,8 +167,7 @@ GPTModel<Backend>::GPTModel(const GPTConfig& c, const RunShape& r, const TensorP
     std::vector<TensorSpec> outside_table = outside_activation_table(config, shape, tp, &outside);
     activations.insert(activations.end(), outside_table.begin(), outside_table.end());
     activation_arena = Arena(activations, memory);
-    const Dim scratch = Backend::attention_scratch(shape.batch, shape.seq_len, config.channels, config.num_heads,
-                                                   tp.size);
+    const Dim scratch = attention_scratch_for<Backend>(config, shape, tp.size);
     workspace_arena = Arena(workspace_table(config, shape, tp, scratch, &workspace), memory);
     token_arena = Arena(token_table(shape, &tokens), memory);
     host_row_targets_.resize(size_t(shape.batch) * shape.seq_len);
@@ -205,27 +224,72 @@ void GPTModel<Backend>::refresh_gemm_weights() {
         for (const GemmWeightCopy& c : gemm_weight_copies_) Backend::cast(c.copy, c.master, c.elements);
 }
 
+// cuDNN's dropout seed for one layer of one forward: different for every
+// step, layer, micro-batch and TP rank (a rank's heads are its own).
+inline uint64_t fused_attention_seed(const DropoutStep& draw, int layer, int tp_rank) {
+    uint64_t x = draw.seed;
+    for (uint64_t part : {uint64_t(draw.step), uint64_t(layer), uint64_t(draw.batch_offset), uint64_t(tp_rank)}) {
+        x ^= part + 0x9e3779b97f4a7c15ull;  // splitmix64's finaliser on each part in turn
+        x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+        x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+        x ^= x >> 31;
+    }
+    return x;
+}
+
+// Causal self-attention of this rank's a/t heads: qkv → attn_out.
+template <class Backend>
+void GPTModel<Backend>::attention_forward(int l, const DropoutStep& draw, float p) {
+    const int B = shape.batch, T = shape.seq_len, Ct = config.channels / tp.size, heads = config.num_heads / tp.size;
+    BlockActivations<Act>& a = blocks[l];
+    ComputeSpan span(group_->tracer, "attention");
+    if constexpr (Backend::has_fused_attention) {
+        if (config.attention == AttentionKernel::cudnn_fused) {
+            Backend::fused_attention_forward(a.attn_out, a.softmax_stats, a.qkv, B, T, Ct, heads, p,
+                                             fused_attention_seed(draw, l, tp.rank));
+            return;
+        }
+    }
+    Backend::attention_forward(a.attn_out, a.softmax_out, a.attn_dropout_mask, a.attn_dropout_out, a.qkv,
+                               workspace.attention_scratch, B, T, Ct, heads, p,
+                               probs_box(B, heads, config.num_heads, T, tp.rank * heads, draw.batch_offset),
+                               {draw.seed, draw.step, uint32_t(l), DropoutSite::attention_probs});
+}
+
+// dL/d(qkv) into workspace.wide_grad from dL/d(attn_out) in workspace.attn_grad.
+template <class Backend>
+void GPTModel<Backend>::attention_backward(int l) {
+    const int B = shape.batch, T = shape.seq_len, Ct = config.channels / tp.size, heads = config.num_heads / tp.size;
+    const float p = shape.dropout;
+    const BlockActivations<Act>& a = blocks[l];
+    Workspace<Act>& w = workspace;
+    ComputeSpan span(group_->tracer, "attention backward");
+    if constexpr (Backend::has_fused_attention) {
+        if (config.attention == AttentionKernel::cudnn_fused) {
+            Backend::fused_attention_backward(w.wide_grad, w.attn_grad, a.qkv, a.attn_out, a.softmax_stats, B, T,
+                                              Ct, heads, p, fused_attention_seed(last_draw_, l, tp.rank));
+            return;
+        }
+    }
+    Backend::attention_backward(w.wide_grad, w.attn_grad, a.qkv, a.softmax_out, a.attn_dropout_mask,
+                                a.attn_dropout_out, w.attention_scratch, B, T, Ct, heads, p);
+}
+
 template <class Backend>
 void GPTModel<Backend>::block_forward(int l, Act* block_out, const DropoutStep& draw, float p) {
     const int B = shape.batch, T = shape.seq_len, C = config.channels, t = tp.size;
-    const int Ct = C / t, heads = config.num_heads / t, hidden = 4 * C / t;
+    const int Ct = C / t, hidden = 4 * C / t;
     const int N_local = local_seq() * B;  // rows of the local activations
     BlockActivations<Act>& a = blocks[l];
     Workspace<Act>& w = workspace;
     DropoutBox token_positions = token_box(local_seq(), B, T, C, seq_start(), draw.batch_offset);
-    DropoutBox probs = probs_box(B, heads, config.num_heads, T, tp.rank * heads, draw.batch_offset);
     auto key = [&](DropoutSite site) { return DropoutKey{draw.seed, draw.step, uint32_t(l), site}; };
 
     // attention half: ln2_in = ln1_in + dropout(ḡ(proj(attention(qkv(g(ln1(ln1_in)))))) + bias)
     layernorm_forward(a.ln1_out, a.ln1_in, params.ln1w + l * C, params.ln1b + l * C, N_local, C);
     linears_->column_forward("qkv", a.qkv, a.ln1_out, w.gathered, weights.qkvw + int64_t(l) * 3 * Ct * C,
                              weights.qkvb + l * 3 * Ct, C, 3 * Ct);
-    {
-        ComputeSpan span(group_->tracer, "attention");
-        Backend::attention_forward(a.attn_out, a.softmax_out, a.attn_dropout_mask, a.attn_dropout_out, a.qkv,
-                                   w.attention_scratch, B, T, Ct, heads, p, probs,
-                                   key(DropoutSite::attention_probs));
-    }
+    attention_forward(l, draw, p);
     Act* y = linears_->row_forward("attention proj", a.attn_out, w.partial, w.branch,
                                    weights.attprojw + int64_t(l) * C * Ct, Ct, C);
     bias_forward(y, params.attprojb + l * C, N_local, C);
@@ -274,6 +338,7 @@ float GPTModel<Backend>::forward(const int* inputs, const int* targets, const Dr
     Backend::upload(tokens.inputs, inputs, sizeof(int) * N);
     Backend::upload(tokens.row_targets, host_row_targets_.data(), sizeof(int) * N);
     refresh_gemm_weights();
+    last_draw_ = draw;
 
     // vocabulary-parallel embedding: each rank looks up the tokens it holds,
     // ḡ sums them (into this rank's sequence shard); then positions and dropout
@@ -295,8 +360,8 @@ float GPTModel<Backend>::forward(const int* inputs, const int* targets, const Dr
 // On entry workspace.stream_grad holds dL/d(block output); on exit dL/d(block input).
 template <class Backend>
 void GPTModel<Backend>::block_backward(int l) {
-    const int B = shape.batch, T = shape.seq_len, C = config.channels, t = tp.size;
-    const int Ct = C / t, heads = config.num_heads / t, hidden = 4 * C / t;
+    const int B = shape.batch, C = config.channels, t = tp.size;
+    const int Ct = C / t, hidden = 4 * C / t;
     const int N_local = local_seq() * B;
     const float p = shape.dropout;
     const BlockActivations<Act>& a = blocks[l];
@@ -319,11 +384,7 @@ void GPTModel<Backend>::block_backward(int l) {
     bias_backward(grads.attprojb + l * C, w.branch, N_local, C);
     linears_->row_backward("attention proj backward", w.attn_grad, w.branch, w.gathered, a.attn_out,
                            weights.attprojw + int64_t(l) * C * Ct, grads.attprojw + int64_t(l) * C * Ct, Ct, C);
-    {
-        ComputeSpan span(group_->tracer, "attention backward");
-        Backend::attention_backward(w.wide_grad, w.attn_grad, a.qkv, a.softmax_out, a.attn_dropout_mask,
-                                    a.attn_dropout_out, w.attention_scratch, B, T, Ct, heads, p);
-    }
+    attention_backward(l);
     dln = linears_->column_backward("qkv backward", w.wide_grad, a.ln1_out, w.gathered, w.partial, w.local_grad,
                                     weights.qkvw + int64_t(l) * 3 * Ct * C, grads.qkvw + int64_t(l) * 3 * Ct * C,
                                     grads.qkvb + l * 3 * Ct, C, 3 * Ct);

@@ -1,6 +1,8 @@
 #include "model/memory_report.h"
 
 #include <cstdio>
+#include <stdexcept>
+#include <string>
 
 #include "model/gpt_model.h"
 
@@ -10,6 +12,24 @@ static std::string mib(int64_t bytes) {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%.2f MiB", bytes / 1048576.0);
     return buf;
+}
+
+// DESIGN §2's formula for the mode; with e = 2 also in Korthikanti et al.'s
+// form: 34sbh + 5as²b, sbh(34/t + 5as/(ht)), sbh(10 + 24/t + 5as/(ht)).
+// cuDNN's fused attention keeps 4·b·a·s/t bytes of row statistics in place
+// of the b·a·s²·(2e+1)/t of S', its mask and S.
+static std::string formula_text(int t, bool sp, int64_t e, AttentionKernel attention) {
+    const bool fused = attention == AttentionKernel::cudnn_fused;
+    const std::string per_t = t == 1 ? "" : "/t";
+    const std::string scores = (fused ? "4·b·a·s" : "b·a·s²·(2e+1)") + per_t;
+    const std::string general = t == 1 || sp ? "b·s·h·(16e+2)" + per_t + " + " + scores
+                                             : "b·s·h·(4e+2) + b·s·h·12e/t + " + scores;
+    if (e != 2) return general;
+    if (fused)
+        return general + " = " +
+               (t == 1 ? "34·b·s·h + 4·b·a·s" : sp ? "s·b·h·34/t + 4·b·a·s/t" : "s·b·h·(10 + 24/t) + 4·b·a·s/t");
+    return general + " = " +
+           (t == 1 ? "34·b·s·h + 5·b·a·s²" : sp ? "s·b·h·(34/t + 5·a·s/(h·t))" : "s·b·h·(10 + 24/t + 5·a·s/(h·t))");
 }
 
 // Act: float, or uint16_t standing in for bf16 (the same bytes, the same tables).
@@ -30,7 +50,7 @@ static MemoryReport report(const GPTConfig& c, const RunShape& r, const TensorPa
     m.block_bytes = int64_t(table_bytes(block_table));
     const bool sp = tp.sequence_parallel || tp.size == 1;
     m.block_formula_bytes =
-        block_activation_formula_bytes(r.batch, r.seq_len, c.channels, c.num_heads, e, tp.size, sp);
+        block_activation_formula_bytes(r.batch, r.seq_len, c.channels, c.num_heads, e, tp.size, sp, c.attention);
     m.blocks_bytes = m.block_bytes * c.num_layers;
     m.outside_bytes = int64_t(table_bytes(outside_table));
     m.workspace_bytes = int64_t(table_bytes(workspace_table_));
@@ -46,18 +66,11 @@ static MemoryReport report(const GPTConfig& c, const RunShape& r, const TensorPa
     m.text = line;
     m.text += format_table("saved activations of one transformer block (each of the L blocks):", block_table,
                            activation);
-    // with e = 2 these are Korthikanti et al.'s sbh(34/t + 5as/(ht)), sbh(10 + 24/t + 5as/(ht)), 34sbh + 5as²b
-    const char* formula = tp.size == 1 ? (e == 2 ? "b·s·h·(16e+2) + b·a·s²·(2e+1) = 34·b·s·h + 5·b·a·s²"
-                                                 : "b·s·h·(16e+2) + b·a·s²·(2e+1)")
-                          : sp         ? (e == 2 ? "b·s·h·(16e+2)/t + b·a·s²·(2e+1)/t = s·b·h·(34/t + 5·a·s/(h·t))"
-                                                 : "b·s·h·(16e+2)/t + b·a·s²·(2e+1)/t")
-                                       : (e == 2 ? "b·s·h·(4e+2) + b·s·h·12e/t + b·a·s²·(2e+1)/t = "
-                                                   "s·b·h·(10 + 24/t + 5·a·s/(h·t))"
-                                                 : "b·s·h·(4e+2) + b·s·h·12e/t + b·a·s²·(2e+1)/t");
+    const std::string formula = formula_text(tp.size, sp, e, c.attention);
     std::snprintf(line, sizeof line,
                   "\nformula per block: %s = %lld bytes\n"
                   "table per block:   %lld bytes  ->  %s\n\n",
-                  formula, (long long)m.block_formula_bytes, (long long)m.block_bytes,
+                  formula.c_str(), (long long)m.block_formula_bytes, (long long)m.block_bytes,
                   m.block_bytes == m.block_formula_bytes ? "EQUAL" : "NOT EQUAL");
     m.text += line;
     m.text += format_table("saved outside the blocks (not part of the per-block formula):", outside_table,
@@ -76,7 +89,13 @@ static MemoryReport report(const GPTConfig& c, const RunShape& r, const TensorPa
 
 MemoryReport memory_report(const GPTConfig& c, const RunShape& r, const TensorParallelism& tp, Device device) {
     const int64_t b = r.batch, s = r.seq_len, h = c.channels, a = c.num_heads, t = tp.size;
-    if (device == Device::cuda) return report<uint16_t>(c, r, tp, cuda_attention_scratch(b, s, h, a, t), "cuda");
+    if (device == Device::cuda) {
+        const Dim scratch = c.attention == AttentionKernel::cudnn_fused ? Dim{0, "cuDNN's own"}
+                                                                         : cuda_attention_scratch(b, s, h, a, t);
+        return report<uint16_t>(c, r, tp, scratch, "cuda");
+    }
+    if (c.attention == AttentionKernel::cudnn_fused)
+        throw std::invalid_argument("model.attention: cudnn is cuDNN's fused attention: it needs the GPU");
     return report<float>(c, r, tp, CpuBackend::attention_scratch(b, s, h, a, t), "cpu");
 }
 

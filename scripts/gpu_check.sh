@@ -4,8 +4,9 @@
 #   1. unpacks .gpu_deps/*.deb (from scripts/fetch_gpu_check_deps.sh) into /tmp/tpsp_deps
 #   2. builds with CUDA for sm_90 and without MPI (the one-process stand-in) into build-gpu/
 #   3. runs the GPU tests: every kernel against its CPU twin, the model against the CPU model
-#   4. trains configs/tiny.yaml for 200 steps on the GPU (data/kjv, carried)
-#   5. benchmarks GPT-2 124M at B = 16, T = 1024: tokens/s, MFU against the bf16 peak, activation bytes
+#   4. trains configs/tiny.yaml for 200 steps on the GPU (data/kjv, carried), then 100 with cuDNN's attention
+#   5. benchmarks GPT-2 124M at B = 16, T = 1024, explicit and cuDNN attention: tokens/s, MFU against the
+#      bf16 peak, activation bytes
 # The log goes to stdout and to $OUT/gpu_check.log (OUT: the device tool's folder; /tmp otherwise).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,15 +18,18 @@ step "dependencies"
 deps=/tmp/tpsp_deps
 mkdir -p "$deps"
 for f in .gpu_deps/*.deb; do dpkg -x "$f" "$deps"; done
-# NCCL: the toolkit's where it has one (CMake looks there first), else PyTorch's wheel
-nccl_root=$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2> /dev/null || true)
-export LD_LIBRARY_PATH="$deps/usr/lib/x86_64-linux-gnu:$deps/usr/lib/x86_64-linux-gnu/openblas-openmp${nccl_root:+:$nccl_root/lib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# NCCL and cuDNN: the toolkit's where it has them (CMake looks there first), else PyTorch's wheels
+wheel() { python3 -c "import nvidia.$1 as m; print(list(m.__path__)[0])" 2> /dev/null || true; }
+nccl_root=$(wheel nccl)
+cudnn_root=$(wheel cudnn)
+export LD_LIBRARY_PATH="$deps/usr/lib/x86_64-linux-gnu:$deps/usr/lib/x86_64-linux-gnu/openblas-openmp${nccl_root:+:$nccl_root/lib}${cudnn_root:+:$cudnn_root/lib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 nvidia-smi -L || true
 nvcc --version | tail -1
 
 step "build (CUDA, sm_90, no MPI)"
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DTPSP_CUDA=ON -DTPSP_MPI=OFF \
-  -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH="$deps/usr" ${nccl_root:+-DNCCL_ROOT="$nccl_root"} > /dev/null
+  -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH="$deps/usr" ${nccl_root:+-DNCCL_ROOT="$nccl_root"} \
+  ${cudnn_root:+-DCUDNN_ROOT="$cudnn_root"} > /dev/null
 cmake --build build-gpu -j"$(nproc)" --target tpsp tpsp_gpu_tests
 
 step "GPU tests"
@@ -35,9 +39,19 @@ step "tiny config, 200 steps on the GPU"
 build-gpu/tpsp train configs/tiny.yaml train.device=cuda train.steps=200 train.val_every=100 \
   checkpoint.dir= logging.metrics= logging.every=20 || echo "TRAINING FAILED"
 
+step "tiny config, 100 steps with cuDNN's fused attention"
+build-gpu/tpsp train configs/tiny.yaml train.device=cuda model.attention=cudnn train.steps=100 \
+  train.val_every=100 checkpoint.dir= logging.metrics= logging.every=20 || echo "CUDNN TRAINING FAILED"
+
 step "benchmark: GPT-2 124M, B = 16, T = 1024"
 build-gpu/tpsp bench configs/gpt2_124m.yaml train.device=cuda train.batch_size=16 train.seq_len=1024 \
   model.dropout=0 --steps 10 || echo "BENCHMARK FAILED"
 build-gpu/tpsp memory configs/gpt2_124m.yaml train.device=cuda train.batch_size=16 train.seq_len=1024 |
   grep -E "^model:|formula per block|table per block|saved activations:"
+
+step "benchmark: the same with cuDNN's fused attention"
+build-gpu/tpsp bench configs/gpt2_124m.yaml train.device=cuda train.batch_size=16 train.seq_len=1024 \
+  model.dropout=0 model.attention=cudnn --steps 10 || echo "CUDNN BENCHMARK FAILED"
+build-gpu/tpsp memory configs/gpt2_124m.yaml train.device=cuda train.batch_size=16 train.seq_len=1024 \
+  model.attention=cudnn | grep -E "formula per block|table per block|saved activations:"
 step "done"

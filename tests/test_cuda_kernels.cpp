@@ -12,6 +12,7 @@
 #include "model/kernels/cpu_kernels.h"
 #include "model/kernels/cuda_device.h"
 #include "model/kernels/cuda_kernels.h"
+#include "model/kernels/cudnn_attention.h"
 #include "tests/test_support.h"
 
 using namespace tpsp;
@@ -273,6 +274,70 @@ TEST_F(CudaKernels, AttentionMatchesCpuWithTheSameMasks) {
         expect_close(host_float(d_out), out, "attention out", 2e-2);
         expect_close(host_float(d_dqkv), dqkv, "attention dqkv", 3e-2);
     }
+}
+
+// cuDNN's fused attention against the CPU's explicit kernels (3 heads of 16:
+// cuDNN wants a head size that is a multiple of 8), its statistics against
+// log Σ exp computed here, and its dropout by the identity Σ dO·O = Σ dV·V
+// (O is linear in V for a fixed mask, so dV must use the forward's mask).
+TEST_F(CudaKernels, FusedAttentionMatchesTheExplicitKernels) {
+    const int heads = 3, hs = C / heads;
+    const int64_t scores = int64_t(B) * heads * T * T;
+    auto qkv = random_bf16_values(int64_t(N) * 3 * C, 40), dout = random_bf16_values(int64_t(N) * C, 41);
+    std::vector<float> out(N * C), softmax_out(scores), dropped(scores), dqkv(N * 3 * C), scratch(64 * T * T);
+    std::vector<uint8_t> mask(scores);
+    const DropoutKey key{1, 1, 0, DropoutSite::attention_probs};
+    attention_forward(out.data(), softmax_out.data(), mask.data(), dropped.data(), qkv.data(), B, T, C, heads, 0.0f,
+                      full_box(B, heads, int64_t(T) * T), key);
+    attention_backward(dqkv.data(), dout.data(), qkv.data(), softmax_out.data(), mask.data(), dropped.data(),
+                       scratch.data(), B, T, C, heads, 0.0f);
+    std::vector<float> lse(size_t(B) * heads * T);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < heads; h++)
+            for (int i = 0; i < T; i++) {
+                std::vector<double> row(size_t(i) + 1);
+                double max = -1e30, sum = 0.0;
+                for (int j = 0; j <= i; j++) {
+                    double dot = 0.0;
+                    for (int d = 0; d < hs; d++)
+                        dot += double(qkv[(size_t(i) * B + b) * 3 * C + h * hs + d]) *
+                               qkv[(size_t(j) * B + b) * 3 * C + C + h * hs + d];
+                    row[j] = dot / std::sqrt(double(hs));
+                    max = std::max(max, row[j]);
+                }
+                for (double x : row) sum += std::exp(x - max);
+                lse[(size_t(b) * heads + h) * T + i] = float(max + std::log(sum));
+            }
+
+    auto d_qkv = device_bf16(qkv), d_dout = device_bf16(dout);
+    DeviceBuffer<bf16> d_out(N * C), d_dqkv(N * 3 * C);
+    DeviceBuffer<float> d_stats(size_t(B) * heads * T);
+    fused_attention_forward(d_out.data(), d_stats.data(), d_qkv.data(), B, T, C, heads, 0.0f, 7);
+    fused_attention_backward(d_dqkv.data(), d_dout.data(), d_qkv.data(), d_out.data(), d_stats.data(), B, T, C,
+                             heads, 0.0f, 7);
+    expect_close(host_float(d_out), out, "fused attention out", 2e-2);
+    expect_close(host(d_stats), lse, "fused attention statistics (log Σ exp)", 1e-3);
+    expect_close(host_float(d_dqkv), dqkv, "fused attention dqkv", 3e-2);
+
+    // dropout 0.2: the same seed draws the same mask in forward, again, and in backward
+    DeviceBuffer<bf16> d_out_again(N * C), d_out_other(N * C);
+    fused_attention_forward(d_out.data(), d_stats.data(), d_qkv.data(), B, T, C, heads, 0.2f, 7);
+    fused_attention_forward(d_out_again.data(), d_stats.data(), d_qkv.data(), B, T, C, heads, 0.2f, 7);
+    fused_attention_forward(d_out_other.data(), d_stats.data(), d_qkv.data(), B, T, C, heads, 0.2f, 8);
+    const std::vector<float> dropped_out = host_float(d_out);
+    EXPECT_EQ(host_float(d_out_again), dropped_out) << "the same seed drew another mask";
+    EXPECT_GT(relative_error(host_float(d_out_other), dropped_out), 1e-2) << "another seed drew the same mask";
+    EXPECT_GT(relative_error(dropped_out, out), 1e-2) << "dropout 0.2 changed nothing";
+    fused_attention_backward(d_dqkv.data(), d_dout.data(), d_qkv.data(), d_out.data(), d_stats.data(), B, T, C,
+                             heads, 0.2f, 7);
+    const std::vector<float> grads = host_float(d_dqkv);
+    double out_dot = 0.0, value_dot = 0.0;
+    for (int64_t n = 0; n < N; n++)
+        for (int c = 0; c < C; c++) {
+            out_dot += double(dout[n * C + c]) * dropped_out[n * C + c];
+            value_dot += double(grads[n * 3 * C + 2 * C + c]) * qkv[n * 3 * C + 2 * C + c];
+        }
+    EXPECT_NEAR(value_dot, out_dot, 2e-2 * std::abs(out_dot) + 1e-3) << "Σ dV·V ≠ Σ dO·O: backward's mask differs";
 }
 
 TEST_F(CudaKernels, CrossEntropyMatchesCpu) {

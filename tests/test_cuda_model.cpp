@@ -101,6 +101,41 @@ TEST_F(CudaModel, LossGradientsAndMasksMatchTheCpuModel) {
     }
 }
 
+// model.attention: cudnn without dropout computes what the explicit CPU model does.
+TEST_F(CudaModel, CudnnAttentionMatchesTheCpuModelWithoutDropout) {
+    GPTConfig config = tiny_config();
+    const RunShape shape{4, 64, 0.0f};
+    const int N = shape.batch * shape.seq_len;
+    std::vector<int> inputs(static_cast<size_t>(N)), targets(static_cast<size_t>(N));
+    for (int i = 0; i < N; i++) {
+        inputs[i] = (i * 89 + 5) % config.vocab_size;
+        targets[i] = (i * 37 + 11) % config.vocab_size;
+    }
+    GPT cpu(config, shape);
+    config.attention = AttentionKernel::cudnn_fused;
+    GPTModel<CudaBackend> gpu_model(config, shape);
+    cpu.init_random(43);
+    gpu_model.init_random(43);
+    cpu.zero_grad();
+    gpu_model.zero_grad();
+    const float cpu_loss = cpu.forward(inputs.data(), targets.data(), {});
+    const float gpu_loss = gpu_model.forward(inputs.data(), targets.data(), {});
+    EXPECT_NEAR(gpu_loss, cpu_loss, 1e-2 * cpu_loss);
+    cpu.backward(1.0f / N);
+    gpu_model.backward(1.0f / N);
+    std::vector<float> gpu_grads = download_floats(gpu_model.grads.wte, gpu_model.num_parameters);
+    int64_t at = 0;
+    for (const TensorSpec& t : cpu.parameter_specs) {
+        EXPECT_LT(relative_error(gpu_grads.data() + at, cpu.grads.wte + at, t.elements()), 5e-2) << "d" << t.name;
+        at += t.elements();
+    }
+    // its blocks keep [b, a, s] fp32 statistics instead of the three [b, a, s, s] tensors
+    const int64_t b = shape.batch, s = shape.seq_len, h = config.channels, a = config.num_heads;
+    const int64_t outside = b * s * (h * (1 + 2 + 2) + 2 * config.padded_vocab_size + 8);
+    EXPECT_EQ(int64_t(gpu_model.activation_arena.bytes()),
+              config.num_layers * (34 * s * b * h + 4 * a * s * b) + outside);
+}
+
 TEST_F(CudaModel, ArenaIsTheBf16Formula) {
     const GPTConfig config = tiny_config();
     const RunShape shape{4, 64, 0.1f};

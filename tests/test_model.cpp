@@ -220,6 +220,30 @@ TEST(Memory, CudaTablesAreThePapersFormulaWithBf16) {
     }
 }
 
+TEST(Memory, CudnnAttentionKeepsOnlyTheSoftmaxStatistics) {
+    // model.attention: cudnn drops S', its mask and S (the 5as²b/t term) for
+    // fp32 row statistics [b, a/t, s]: 34sbh/t + 4·a·s·b/t under SP
+    GPTConfig c;
+    c.num_layers = 2, c.num_heads = 8, c.channels = 64, c.max_seq_len = 48, c.vocab_size = 50, c.padded_vocab_size = 64;
+    c.attention = AttentionKernel::cudnn_fused;
+    const int64_t b = 3, s = 48, h = 64, a = 8;
+    RunShape shape{int(b), int(s), 0.1f};
+    for (int64_t t : {1, 2, 4}) {
+        for (bool sp : {true, false}) {
+            MemoryReport report = memory_report(c, shape, {int(t), 0, sp, {}}, Device::cuda);
+            int64_t expected = (t == 1 || sp ? 34 * s * b * h / t : s * b * h * 10 + s * b * h * 24 / t) +
+                               4 * a * s * b / t;
+            EXPECT_EQ(report.block_bytes, expected) << "t=" << t << (sp ? " TP+SP" : " TP only");
+            EXPECT_EQ(report.block_bytes, block_activation_formula_bytes(b, s, h, a, 2, t, sp || t == 1,
+                                                                         AttentionKernel::cudnn_fused));
+            EXPECT_EQ(report.text.find("softmax_out"), std::string::npos);
+            EXPECT_NE(report.text.find("softmax_stats"), std::string::npos);
+            EXPECT_NE(report.text.find("4·b·a·s"), std::string::npos);
+        }
+    }
+    EXPECT_THROW(memory_report(c, shape, {}, Device::cpu), std::invalid_argument);
+}
+
 TEST(Memory, EveryRanksTableEqualsItsModesFormula) {
     GPTConfig c;
     c.num_layers = 2, c.num_heads = 8, c.channels = 64, c.max_seq_len = 36, c.vocab_size = 50, c.padded_vocab_size = 64;

@@ -308,6 +308,12 @@ TEST(TensorParallelTraining, OverlapWithoutSequenceParallelIsAClearError) {
                                   "parallel.tp_comm_overlap: the overlap schedules need parallel.sequence_parallel: true");
 }
 
+TEST(TensorParallelTraining, CudnnAttentionOnTheCpuIsAClearError) {
+    fs::path dir = scratch_dir();
+    expect_clean_failure(dir, "model.attention=cudnn",
+                         "model.attention: cudnn is cuDNN's fused attention on the GPU: it needs train.device: cuda");
+}
+
 TEST(TensorParallelTraining, TheTraceShowsComputeAndCommunicationOfEveryRank) {
     if (!have_mpirun()) GTEST_SKIP() << "mpirun not installed";
     fs::path dir = scratch_dir();

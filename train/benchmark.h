@@ -52,11 +52,12 @@ void run_benchmark(const GPTConfig& config, const RunShape& shape, const BenchOp
     std::sort(times.begin(), times.end());
     const double median = times[times.size() / 2];
     const double flops = model_flops_per_token(config, shape.seq_len) * N;
-    std::printf("%-10s %s L=%d h=%d a=%d V=%d b=%d s=%d dropout=%g threads=%d | params %.1fM | %s %.1f GFLOP/s"
+    const char* attention = config.attention == AttentionKernel::cudnn_fused ? "cudnn" : "explicit";
+    std::printf("%-10s %s L=%d h=%d a=%d V=%d b=%d s=%d dropout=%g attention=%s threads=%d | params %.1fM | %s %.1f GFLOP/s"
                 " | fwd+bwd %.1f ms (median of %d, best %.1f) | %.0f tok/s | %.1f GFLOP/s | MFU %.1f%%"
                 " | activations %.1f MiB\n",
                 label, Backend::name, config.num_layers, config.channels, config.num_heads, config.vocab_size,
-                shape.batch, shape.seq_len, shape.dropout, omp_get_max_threads(), model.num_parameters / 1e6,
+                shape.batch, shape.seq_len, shape.dropout, attention, omp_get_max_threads(), model.num_parameters / 1e6,
                 Backend::peak_flops_name(), peak / 1e9, median * 1e3, options.steps, times.front() * 1e3, N / median,
                 flops / median / 1e9, 100.0 * flops / median / peak, model.activation_arena.bytes() / 1048576.0);
 }

@@ -101,6 +101,9 @@ const std::vector<Key>& keys() {
                 "rows of wpe; 0 means train.seq_len"),
         float_key("model.dropout", [](Config& c) -> float& { return c.model.dropout; }, 0.0, 1.0,
                   "dropout probability at all four sites"),
+        string_key("model.attention", [](Config& c) -> std::string& { return c.model.attention; },
+                   {"explicit", "cudnn"},
+                   "explicit: kernels that save S', its mask and S; cudnn: cuDNN's fused attention (GPU)"),
         string_key("data.train", [](Config& c) -> std::string& { return c.data.train; }, {},
                    "glob of training token shards (llm.c format)"),
         string_key("data.val", [](Config& c) -> std::string& { return c.data.val; }, {},
@@ -251,6 +254,11 @@ void validate(const Config& c, const std::string& where) {
         fail("parallel.tp_comm_overlap", "the overlap schedules need parallel.sequence_parallel: true");
     if (!c.checkpoint.init.empty() && !c.checkpoint.resume.empty())
         fail("checkpoint.init", "give checkpoint.init or checkpoint.resume, not both");
+    if (c.model.attention == "cudnn" && c.train.device == "cpu")
+        fail("model.attention", "cudnn is cuDNN's fused attention on the GPU: it needs train.device: cuda");
+    if (c.model.attention == "cudnn" && (c.model.channels / c.model.heads) % 8 != 0)
+        fail("model.attention", "cuDNN's fused attention needs a head size (model.channels / model.heads) "
+                                "that is a multiple of 8");
     if (c.train.device != "cpu" && c.parallel.emulated_link_gbps > 0)
         fail("parallel.emulated_link_gbps", "the emulated link is a CPU measuring aid: it needs train.device: cpu");
 }
@@ -265,6 +273,7 @@ GPTConfig Config::gpt() const {
     g.vocab_size = model.vocab_size;
     g.padded_vocab_size = model.padded_vocab_size ? model.padded_vocab_size : (model.vocab_size + 127) / 128 * 128;
     g.max_seq_len = model.max_seq_len ? model.max_seq_len : train.seq_len;
+    g.attention = model.attention == "cudnn" ? AttentionKernel::cudnn_fused : AttentionKernel::explicit_scores;
     return g;
 }
 

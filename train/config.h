@@ -24,6 +24,7 @@ struct Config {
         int padded_vocab_size = 0;  // 0: round vocab_size up to a multiple of 128
         int max_seq_len = 0;        // 0: train.seq_len
         float dropout = 0.0f;
+        std::string attention = "explicit";  // explicit | cudnn (cuDNN's fused attention, GPU only)
     } model;
     struct Data {
         std::string train = "data/kjv/train_*.bin";

@@ -94,7 +94,13 @@ static int visible_gpus() {
 static Device resolve_device(const Config& cfg, bool needs_gpu) {
     const std::string& device = cfg.train.device;
     if (device == "cpu") return Device::cpu;
-    if (device == "auto") return built_with_cuda() && visible_gpus() > 0 ? Device::cuda : Device::cpu;
+    if (device == "auto") {
+        if (built_with_cuda() && visible_gpus() > 0) return Device::cuda;
+        if (cfg.model.attention == "cudnn")
+            throw ConfigError("model.attention: cudnn: train.device: auto found no GPU, and cuDNN's fused "
+                              "attention has no CPU version (model.attention: explicit runs anywhere)");
+        return Device::cpu;
+    }
     if (!built_with_cuda() && needs_gpu)
         throw ConfigError("train.device: cuda: this tpsp was built without CUDA (configure with -DTPSP_CUDA=ON)");
     if (needs_gpu && visible_gpus() == 0)

@@ -1,0 +1,28 @@
+// Causal self-attention fused by cuDNN (model.attention: cudnn): flash
+// attention through cuDNN's backend graph API, the operation graph written
+// out node by node (cudnn_attention.cu). The scores S', the dropout mask and
+// S never reach memory: forward keeps only the row statistics
+// lse = max + log Σ exp of the scaled, masked scores, from which backward
+// rebuilds S' tile by tile. So a layer keeps b·(a/t)·s fp32 statistics in
+// place of the explicit path's 5·a·s²·b/t bytes.
+//
+// Dropout draws cuDNN's own Philox stream from (seed, offset 0), position by
+// position in this rank's [b, a/t, s, s]: backward redraws the same mask
+// from the same seed, but it is not the explicit path's mask.
+#pragma once
+#include <cstdint>
+
+#include "model/kernels/cuda_kernels.h"
+
+namespace tpsp {
+
+// qkv [T, B, 3C] (head h in columns h·hs .. (h+1)·hs of each third, as in
+// attention_forward) → out [T, B, C], stats [B, NH, T] fp32. Q, K, V and the
+// output are read and written in place through strides: no head-major copies.
+void fused_attention_forward(bf16* out, float* stats, const bf16* qkv, int B, int T, int C, int NH, float p,
+                             uint64_t seed);
+// dqkv [T, B, 3C] OVERWRITTEN from dout [T, B, C]; out and stats are the forward's.
+void fused_attention_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* out, const float* stats,
+                              int B, int T, int C, int NH, float p, uint64_t seed);
+
+}  // namespace tpsp
