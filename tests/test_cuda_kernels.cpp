@@ -2,6 +2,7 @@
 // random inputs (rounded to bf16 first, so both sides see identical values),
 // at bf16 tolerances; dropout masks bit-identical to the CPU's. Skipped, not
 // failed, where no GPU is present.
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -338,6 +339,22 @@ TEST_F(CudaKernels, FusedAttentionMatchesTheExplicitKernels) {
             value_dot += double(grads[n * 3 * C + 2 * C + c]) * qkv[n * 3 * C + 2 * C + c];
         }
     EXPECT_NEAR(value_dot, out_dot, 2e-2 * std::abs(out_dot) + 1e-3) << "Σ dV·V ≠ Σ dO·O: backward's mask differs";
+}
+
+// Runs without a GPU: cuDNN accepts every descriptor of both attention graphs
+// (dims, strides and dtypes of each matmul, pointwise, reduction, RNG and
+// reshape), its heuristics pick a fused engine for an H100 / H200, and it
+// compiles the fused forward and backward kernels; with dropout and without,
+// for the test's shape and GPT-2's. cuDNN compiles through the driver
+// library: where there is none, the toolkit's stub stands in (it loads, and
+// refuses to load modules, which is where the check stops).
+TEST(FusedAttentionGraph, CudnnCompilesBothGraphsForHopperWithoutAGpu) {
+    if (!dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL))
+        ASSERT_NE(dlopen(TPSP_CUDA_DRIVER_STUB, RTLD_NOW | RTLD_GLOBAL), nullptr) << dlerror();
+    for (float p : {0.0f, 0.1f}) {
+        EXPECT_NO_THROW(check_fused_attention_plans_for_hopper(B, T, C, 3, p)) << "dropout " << p;
+        EXPECT_NO_THROW(check_fused_attention_plans_for_hopper(16, 1024, 768, 12, p)) << "GPT-2, dropout " << p;
+    }
 }
 
 TEST_F(CudaKernels, CrossEntropyMatchesCpu) {

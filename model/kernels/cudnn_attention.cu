@@ -52,6 +52,14 @@ cudnnHandle_t handle() {
 
 using Shape = std::array<int64_t, 4>;
 
+// What a plan is made for: this process's GPU, through its cuDNN handle, or
+// a GPU described to cuDNN by its properties, which needs no device (cuDNN's
+// deviceless compilation, 9.8 and later).
+struct Target {
+    cudnnHandle_t handle = nullptr;
+    cudnnBackendDescriptor_t device_properties = nullptr;
+};
+
 enum class Storage { device, virtual_, by_value };
 
 struct Tensor {
@@ -157,11 +165,12 @@ public:
     }
 
     // The execution plan of the first engine cuDNN's heuristics offer that
-    // accepts the graph; its workspace bytes in *workspace.
-    cudnnBackendDescriptor_t plan(int64_t* workspace) {
-        cudnnHandle_t h = handle();
+    // accepts the graph, for `target`; its workspace bytes in *workspace.
+    // For a described GPU with no driver to load the kernel into: null once
+    // cuDNN has compiled it.
+    cudnnBackendDescriptor_t plan(const Target& target, int64_t* workspace) {
         cudnnBackendDescriptor_t graph = make(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
-        set(graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &h);
+        if (target.handle) set(graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &target.handle);
         set(graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, int64_t(operations_.size()),
             operations_.data());
         finalize(graph, "operation graph");
@@ -169,6 +178,9 @@ public:
         const cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
         set(heuristics, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &graph);
         set(heuristics, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
+        if (target.device_properties)
+            set(heuristics, CUDNN_ATTR_ENGINEHEUR_DEVICEPROP, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
+                &target.device_properties);
         finalize(heuristics, "engine heuristics");
         int64_t count = 0;
         check(cudnnBackendGetAttribute(heuristics, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0,
@@ -179,18 +191,26 @@ public:
         check(cudnnBackendGetAttribute(heuristics, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
                                        count, &count, configs.data()),
               "engine configs");
+        cudnnStatus_t last = CUDNN_STATUS_NOT_SUPPORTED;
         for (int64_t i = 0; i < count; i++) {
             cudnnBackendDescriptor_t plan = make(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
-            set(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &h);
+            if (target.handle) set(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &target.handle);
+            else
+                set(plan, CUDNN_ATTR_EXECUTION_PLAN_DEVICEPROP, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
+                    &target.device_properties);
             set(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &configs[i]);
-            if (cudnnBackendFinalize(plan) != CUDNN_STATUS_SUCCESS) continue;
+            last = cudnnBackendFinalize(plan);
+            if (last != CUDNN_STATUS_SUCCESS) continue;
             int64_t returned = 0;
             check(cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1,
                                            &returned, workspace),
                   "plan workspace size");
             return plan;
         }
-        check(CUDNN_STATUS_NOT_SUPPORTED, "no cuDNN engine takes this attention graph");
+        // without a device, cuDNN generates and compiles the fused kernel, then cannot load it
+        if (!target.handle && last == CUDNN_STATUS_EXECUTION_FAILED_CUDA_DRIVER) return nullptr;
+        check(last, count ? "no engine cuDNN offered takes this attention graph"
+                          : "cuDNN's heuristics offer no engine for this attention graph");
         return nullptr;
     }
 
@@ -333,7 +353,6 @@ void build_forward(Plan& plan, const AttentionShape& s, float p) {
     Tensor out = g.tensor(s.heads(), s.strides(s.C), CUDNN_DATA_BFLOAT16, Storage::device);
     g.matmul(probs, in.v, out);
     plan.o = out.uid, plan.stats = stats.uid;
-    plan.plan = g.plan(&plan.workspace_bytes);
 }
 
 // dV = Pᵀ dO, dS = P ⊙ (dP − Σ dO ⊙ O) · scale, dK = dSᵀ Q, dQ = dS K with
@@ -408,7 +427,6 @@ void build_backward(Plan& plan, const AttentionShape& s, float p) {
 
     plan.o = out.uid, plan.dout = dout.uid, plan.stats = stats.uid, plan.softmax_sum = softmax_sum.uid;
     plan.dq = dq.uid, plan.dk = dk.uid, plan.dv = dv.uid, plan.dq_accum = dq_accum.uid;
-    plan.plan = g.plan(&plan.workspace_bytes);
 }
 
 Plan& plan_for(const AttentionShape& s, float p, bool backward) {
@@ -418,6 +436,7 @@ Plan& plan_for(const AttentionShape& s, float p, bool backward) {
         plan = std::make_unique<Plan>();
         if (backward) build_backward(*plan, s, p);
         else build_forward(*plan, s, p);
+        plan->plan = plan->graph.plan({handle(), nullptr}, &plan->workspace_bytes);
     }
     return *plan;
 }
@@ -469,7 +488,42 @@ int64_t* upload_seed(char* at, uint64_t seed) {
     return device;
 }
 
+// An H100 / H200 (sm_90, 132 SMs) as cuDNN's device-properties JSON: the
+// fields cuDNN reads from cudaDeviceGetAttribute when it has the device.
+const char* const hopper_properties = R"({"cudaDeviceId": 0, "deviceName": "NVIDIA H200", "deviceVer": 900,
+    "driverVer": 13000, "isTccDriver": 0, "l2CacheSize": 52428800, "maxCtasPerSM": 32,
+    "maxRegistersPerSM": 65536, "maxSharedMemoryPerBlock": 49152, "maxSharedMemoryPerBlockOptin": 232448,
+    "maxThreadsPerBlock": 1024, "maxThreadsPerSM": 2048, "memClockRateKHz": 3201000,
+    "multiProcessorCount": 132, "pciDeviceId": 0, "regsPerBlock": 65536, "reservedSharedMemoryPerBlock": 1024,
+    "smClockRateKHz": 1980000, "supportCoopLaunch": 1, "totalGlobalMem": 150754820096, "warpSize": 32,
+    "maxBlockSize": [1024, 1024, 64], "maxGridSize": [2147483647, 65535, 65535]})";
+
 }  // namespace
+
+FusedAttentionPlanCheck check_fused_attention_plans_for_hopper(int B, int T, int C, int NH, float p) {
+    const AttentionShape s{B, T, C, NH};
+    cudnnBackendDescriptor_t properties;
+    check(cudnnBackendCreateDescriptor(CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR, &properties), "device properties");
+    const std::string json = hopper_properties;
+    check(cudnnBackendSetAttribute(properties, CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION, CUDNN_TYPE_CHAR,
+                                   int64_t(json.size()), json.data()),
+          "device properties");
+    check(cudnnBackendFinalize(properties), "device properties");
+    FusedAttentionPlanCheck result;
+    try {
+        Plan forward, backward;
+        build_forward(forward, s, p);
+        build_backward(backward, s, p);
+        const bool forward_planned = forward.graph.plan({nullptr, properties}, &result.forward_workspace_bytes);
+        const bool backward_planned = backward.graph.plan({nullptr, properties}, &result.backward_workspace_bytes);
+        result.planned = forward_planned && backward_planned;
+    } catch (...) {
+        cudnnBackendDestroyDescriptor(properties);
+        throw;
+    }
+    cudnnBackendDestroyDescriptor(properties);
+    return result;
+}
 
 void fused_attention_forward(bf16* out, float* stats, const bf16* qkv, int B, int T, int C, int NH, float p,
                              uint64_t seed) {

@@ -25,4 +25,17 @@ void fused_attention_forward(bf16* out, float* stats, const bf16* qkv, int B, in
 void fused_attention_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* out, const float* stats,
                               int B, int T, int C, int NH, float p, uint64_t seed);
 
+// Builds both operation graphs for this shape and asks cuDNN for an
+// execution plan of each for an H100 / H200 described to it by its device
+// properties, so that a machine without a GPU can check that cuDNN fuses
+// these graphs (its deviceless compilation, 9.8 and later). cuDNN then
+// generates and compiles both fused kernels; loading them needs the driver
+// library (libcuda: the real one, or the toolkit's stub, which refuses).
+// Throws cuDNN's message about the first descriptor or plan it rejects.
+struct FusedAttentionPlanCheck {
+    bool planned = false;  // both plans finalised; false: compiled, but no driver could load them
+    int64_t forward_workspace_bytes = 0, backward_workspace_bytes = 0;
+};
+FusedAttentionPlanCheck check_fused_attention_plans_for_hopper(int B, int T, int C, int NH, float p);
+
 }  // namespace tpsp
