@@ -349,8 +349,9 @@ TEST_F(CudaKernels, FusedAttentionMatchesTheExplicitKernels) {
 // library: where there is none, the toolkit's stub stands in (it loads, and
 // refuses to load modules, which is where the check stops).
 TEST(FusedAttentionGraph, CudnnCompilesBothGraphsForHopperWithoutAGpu) {
-    if (!dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL))
+    if (!dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL)) {
         ASSERT_NE(dlopen(TPSP_CUDA_DRIVER_STUB, RTLD_NOW | RTLD_GLOBAL), nullptr) << dlerror();
+    }
     for (float p : {0.0f, 0.1f}) {
         EXPECT_NO_THROW(check_fused_attention_plans_for_hopper(B, T, C, 3, p)) << "dropout " << p;
         EXPECT_NO_THROW(check_fused_attention_plans_for_hopper(16, 1024, 768, 12, p)) << "GPT-2, dropout " << p;

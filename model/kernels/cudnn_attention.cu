@@ -430,8 +430,9 @@ void build_backward(Plan& plan, const AttentionShape& s, float p) {
 }
 
 Plan& plan_for(const AttentionShape& s, float p, bool backward) {
-    static std::map<PlanKey, std::unique_ptr<Plan>> plans;
-    std::unique_ptr<Plan>& plan = plans[{s.B, s.T, s.C, s.NH, p, backward}];
+    // never destroyed: destroying a plan after the CUDA runtime has shut down at exit is not safe
+    static auto* plans = new std::map<PlanKey, std::unique_ptr<Plan>>;
+    std::unique_ptr<Plan>& plan = (*plans)[{s.B, s.T, s.C, s.NH, p, backward}];
     if (!plan) {
         plan = std::make_unique<Plan>();
         if (backward) build_backward(*plan, s, p);
@@ -452,8 +453,8 @@ struct Scratch {
     }
 };
 Scratch& scratch() {
-    static Scratch s;
-    return s;
+    static auto* s = new Scratch;  // never destroyed, as the plans
+    return *s;
 }
 
 size_t aligned(size_t n) { return (n + 255) / 256 * 256; }
