@@ -247,8 +247,10 @@ static int run_command(int argc, char** argv) {
         if (lead) std::fprintf(stderr, "tpsp: error: %s\n", e.what());
     } catch (const std::bad_alloc&) {
         if (lead) std::fprintf(stderr, "tpsp: error: out of memory (reduce train.batch_size or the model)\n");
-    } catch (const std::runtime_error& e) {  // CUDA, cuBLAS, NCCL
+    } catch (const std::runtime_error& e) {  // CUDA, cuBLAS, cuDNN, NCCL
         if (lead) std::fprintf(stderr, "tpsp: error: %s\n", e.what());
+    } catch (const std::exception& e) {  // a check inside tpsp failed: still one line, not an abort
+        if (lead) std::fprintf(stderr, "tpsp: internal error: %s\n", e.what());
     }
     return 1;
 }

@@ -20,7 +20,9 @@ int evaluate(const Config& cfg) {
     if (cfg.checkpoint.init.empty()) throw ConfigError("tpsp eval: checkpoint.init: give the checkpoint to evaluate");
     if (cfg.data.val.empty()) throw ConfigError("tpsp eval: data.val: give the validation shards");
     if (cfg.parallel.tp != 1) throw ConfigError("tpsp eval: parallel.tp: evaluation runs on one rank");
-    const GPTConfig gc = cfg.gpt();
+    // evaluation runs on the CPU, whose explicit attention computes what cuDNN's does on the same weights
+    GPTConfig gc = cfg.gpt();
+    gc.attention = AttentionKernel::explicit_scores;
     const RunShape shape = cfg.run_shape();
     ProcessGrid grid = make_process_grid(1);
     TokenLoader val_loader(cfg.data.val, shape.batch, shape.seq_len, grid.dp_rank, grid.dp);
