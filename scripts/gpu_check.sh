@@ -8,6 +8,7 @@
 #   5. benchmarks GPT-2 124M at B = 16, T = 1024, explicit and cuDNN attention: tokens/s, MFU against the
 #      bf16 peak, activation bytes
 # The log goes to stdout and to $OUT/gpu_check.log (OUT: the device tool's folder; /tmp otherwise).
+# Every step has its own time limit, so that one that hangs leaves time for the rest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 log="${OUT:-/tmp}/gpu_check.log"
@@ -23,6 +24,7 @@ wheel() { python3 -c "import nvidia.$1 as m; print(list(m.__path__)[0])" 2> /dev
 nccl_root=$(wheel nccl)
 cudnn_root=$(wheel cudnn)
 export LD_LIBRARY_PATH="$deps/usr/lib/x86_64-linux-gnu:$deps/usr/lib/x86_64-linux-gnu/openblas-openmp${nccl_root:+:$nccl_root/lib}${cudnn_root:+:$cudnn_root/lib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+echo "NCCL from ${nccl_root:-the toolkit}, cuDNN from ${cudnn_root:-the toolkit}"
 nvidia-smi -L || true
 nvcc --version | tail -1
 
@@ -33,25 +35,26 @@ cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DTPSP_CUDA=ON -DTPS
 cmake --build build-gpu -j"$(nproc)" --target tpsp tpsp_gpu_tests
 
 step "GPU tests (one process each: a kernel that faults cannot take the others down)"
-ctest --test-dir build-gpu -R 'CudaKernels|CudaModel|FusedAttention' --output-on-failure || echo "GPU TESTS FAILED"
+ctest --test-dir build-gpu -R 'CudaKernels|CudaModel|FusedAttention' --output-on-failure --timeout 90 ||
+  echo "GPU TESTS FAILED"
 
 step "tiny config, 200 steps on the GPU"
-build-gpu/tpsp train configs/tiny.yaml train.device=cuda train.steps=200 train.val_every=100 \
+timeout 120 build-gpu/tpsp train configs/tiny.yaml train.device=cuda train.steps=200 train.val_every=100 \
   checkpoint.dir= logging.metrics= logging.every=20 || echo "TRAINING FAILED"
 
 step "tiny config, 100 steps with cuDNN's fused attention"
-build-gpu/tpsp train configs/tiny.yaml train.device=cuda model.attention=cudnn train.steps=100 \
+timeout 120 build-gpu/tpsp train configs/tiny.yaml train.device=cuda model.attention=cudnn train.steps=100 \
   train.val_every=100 checkpoint.dir= logging.metrics= logging.every=20 || echo "CUDNN TRAINING FAILED"
 
 step "benchmark: GPT-2 124M, B = 16, T = 1024"
-build-gpu/tpsp bench configs/gpt2_124m.yaml train.device=cuda train.batch_size=16 train.seq_len=1024 \
+timeout 120 build-gpu/tpsp bench configs/gpt2_124m.yaml train.device=cuda train.batch_size=16 train.seq_len=1024 \
   model.dropout=0 --steps 10 || echo "BENCHMARK FAILED"
 build-gpu/tpsp memory configs/gpt2_124m.yaml train.device=cuda train.batch_size=16 train.seq_len=1024 |
   grep -E "^model:|formula per block|table per block|saved activations:"
 
 step "benchmark: the same with cuDNN's fused attention"
-build-gpu/tpsp bench configs/gpt2_124m.yaml train.device=cuda train.batch_size=16 train.seq_len=1024 \
-  model.dropout=0 model.attention=cudnn --steps 10 || echo "CUDNN BENCHMARK FAILED"
+timeout 120 build-gpu/tpsp bench configs/gpt2_124m.yaml train.device=cuda train.batch_size=16 \
+  train.seq_len=1024 model.dropout=0 model.attention=cudnn --steps 10 || echo "CUDNN BENCHMARK FAILED"
 build-gpu/tpsp memory configs/gpt2_124m.yaml train.device=cuda train.batch_size=16 train.seq_len=1024 \
   model.attention=cudnn | grep -E "formula per block|table per block|saved activations:"
 step "done"
