@@ -16,6 +16,8 @@
 
 #include <array>
 #include <cmath>
+#include <cstdint>
+#include <initializer_list>
 #include <limits>
 #include <map>
 #include <memory>
@@ -480,6 +482,15 @@ void run(const Plan& plan, std::vector<std::pair<int64_t, void*>> bound, void* w
     check(status, "execute");
 }
 
+// The graphs declare 16-byte aligned tensors (as cuDNN's fused kernels load
+// them); the arenas pack tensors without padding, so say so if one is not.
+void check_aligned(std::initializer_list<const void*> tensors) {
+    for (const void* t : tensors)
+        if (reinterpret_cast<uintptr_t>(t) % 16 != 0)
+            throw std::runtime_error("cuDNN fused attention: a tensor is not 16-byte aligned (b·s and h/t "
+                                     "multiples of 8 keep them so); model.attention: explicit has no such need");
+}
+
 // The seed and offset the RNG reads from device memory, at the start of scratch.
 int64_t* upload_seed(char* at, uint64_t seed) {
     const int64_t values[2] = {int64_t(seed & 0x7fffffffffffffffull), 0};
@@ -529,6 +540,7 @@ FusedAttentionPlanCheck check_fused_attention_plans_for_hopper(int B, int T, int
 void fused_attention_forward(bf16* out, float* stats, const bf16* qkv, int B, int T, int C, int NH, float p,
                              uint64_t seed) {
     const AttentionShape s{B, T, C, NH};
+    check_aligned({qkv, qkv + C, out, stats});
     Plan& plan = plan_for(s, p, false);
     char* base = scratch().at_least(256 + aligned(size_t(plan.workspace_bytes)));
     int64_t* rng = upload_seed(base, seed);
@@ -543,6 +555,7 @@ void fused_attention_forward(bf16* out, float* stats, const bf16* qkv, int B, in
 void fused_attention_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* out, const float* stats,
                               int B, int T, int C, int NH, float p, uint64_t seed) {
     const AttentionShape s{B, T, C, NH};
+    check_aligned({qkv, qkv + C, out, stats, dout, dqkv});
     Plan& plan = plan_for(s, p, true);
     const size_t rows = size_t(B) * NH * T, accum = rows * (C / NH);
     char* base = scratch().at_least(256 + aligned(rows * 4) + aligned(accum * 4) + aligned(size_t(plan.workspace_bytes)));
