@@ -10,7 +10,9 @@
 
 #include "model/gpt.h"
 #include "model/kernels/cuda_device.h"
+#ifdef TPSP_WITH_CUDNN
 #include "model/kernels/cudnn_attention.h"
+#endif
 #include "model/tensor_table.h"
 #include "parallel/nccl_communicator.h"
 
@@ -25,7 +27,11 @@ struct CudaBackend {
     };
     static constexpr const char* name = "cuda";
     static constexpr bool copies_gemm_weights = true;
+#ifdef TPSP_WITH_CUDNN
     static constexpr bool has_fused_attention = true;  // model.attention: cudnn
+#else
+    static constexpr bool has_fused_attention = false;  // built without cuDNN
+#endif
 
     static const Memory& memory();  // cudaMalloc, zero-filled
     static void copy(void* dst, const void* src, size_t bytes);
@@ -46,6 +52,7 @@ struct CudaBackend {
                                    int T, int C, int NH, float p) {
         tpsp::attention_backward(dqkv, dout, qkv, softmax_out, dropout_mask, dropout_out, scratch, B, T, C, NH, p);
     }
+#ifdef TPSP_WITH_CUDNN
     // cuDNN's fused attention (cudnn_attention.h): saves only stats [B, NH, T]
     static void fused_attention_forward(bf16* out, float* stats, const bf16* qkv, int B, int T, int C, int NH,
                                         float p, uint64_t seed) {
@@ -55,6 +62,7 @@ struct CudaBackend {
                                          const float* stats, int B, int T, int C, int NH, float p, uint64_t seed) {
         tpsp::fused_attention_backward(dqkv, dout, qkv, out, stats, B, T, C, NH, p, seed);
     }
+#endif
     static void finish_losses(float* losses, float* lse, const float* maxes, const float* stats, int N) {
         crossentropy_loss_forward(losses, lse, maxes, stats, N);
     }

@@ -135,7 +135,8 @@ GPTModel<Backend>::GPTModel(const GPTConfig& c, const RunShape& r, const TensorP
     if (group_->size() != tp.size || group_->rank() != tp.rank)
         throw std::logic_error("GPT: the communicator does not match the tensor-parallel layout");
     if (config.attention == AttentionKernel::cudnn_fused && !Backend::has_fused_attention)
-        throw std::invalid_argument("model.attention: cudnn is cuDNN's fused attention: it needs the GPU");
+        throw std::invalid_argument("model.attention: cudnn is cuDNN's fused attention: it needs the GPU backend "
+                                    "built with cuDNN");
     const Memory& memory = Backend::memory();
     parameter_specs = parameter_table(config, tp.size, &params);
     param_arena = Arena(parameter_specs, memory);

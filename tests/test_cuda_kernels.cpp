@@ -13,7 +13,9 @@
 #include "model/kernels/cpu_kernels.h"
 #include "model/kernels/cuda_device.h"
 #include "model/kernels/cuda_kernels.h"
+#ifdef TPSP_WITH_CUDNN
 #include "model/kernels/cudnn_attention.h"
+#endif
 #include "tests/test_support.h"
 
 using namespace tpsp;
@@ -277,6 +279,7 @@ TEST_F(CudaKernels, AttentionMatchesCpuWithTheSameMasks) {
     }
 }
 
+#ifdef TPSP_WITH_CUDNN
 // cuDNN's fused attention against the CPU's explicit kernels (3 heads of 16:
 // cuDNN wants a head size that is a multiple of 8), its statistics against
 // log Σ exp computed here, and its dropout by the identity Σ dO·O = Σ dV·V
@@ -357,6 +360,8 @@ TEST(FusedAttentionGraph, CudnnCompilesBothGraphsForHopperWithoutAGpu) {
         EXPECT_NO_THROW(check_fused_attention_plans_for_hopper(16, 1024, 768, 12, p)) << "GPT-2, dropout " << p;
     }
 }
+
+#endif  // TPSP_WITH_CUDNN
 
 TEST_F(CudaKernels, CrossEntropyMatchesCpu) {
     const int Vp_local = 72, V_real = 60, vocab_start = 100;

@@ -101,6 +101,7 @@ TEST_F(CudaModel, LossGradientsAndMasksMatchTheCpuModel) {
     }
 }
 
+#ifdef TPSP_WITH_CUDNN
 // model.attention: cudnn without dropout computes what the explicit CPU model does.
 TEST_F(CudaModel, CudnnAttentionMatchesTheCpuModelWithoutDropout) {
     GPTConfig config = tiny_config();
@@ -135,6 +136,8 @@ TEST_F(CudaModel, CudnnAttentionMatchesTheCpuModelWithoutDropout) {
     EXPECT_EQ(int64_t(gpu_model.activation_arena.bytes()),
               config.num_layers * (34 * s * b * h + 4 * a * s * b) + outside);
 }
+
+#endif  // TPSP_WITH_CUDNN
 
 TEST_F(CudaModel, ArenaIsTheBf16Formula) {
     const GPTConfig config = tiny_config();

@@ -80,6 +80,14 @@ static bool built_with_cuda() {
 #endif
 }
 
+static bool built_with_cudnn() {
+#ifdef TPSP_WITH_CUDNN
+    return true;
+#else
+    return false;
+#endif
+}
+
 static int visible_gpus() {
 #ifdef TPSP_WITH_CUDA
     return gpu::cuda_device_count();
@@ -94,8 +102,7 @@ static int visible_gpus() {
 static Device resolve_device(const Config& cfg, bool needs_gpu) {
     const std::string& device = cfg.train.device;
     if (device == "cpu") return Device::cpu;
-    if (device == "auto") {
-        if (built_with_cuda() && visible_gpus() > 0) return Device::cuda;
+    if (device == "auto" && !(built_with_cuda() && visible_gpus() > 0)) {
         if (cfg.model.attention == "cudnn")
             throw ConfigError("model.attention: cudnn: train.device: auto found no GPU, and cuDNN's fused "
                               "attention has no CPU version (model.attention: explicit runs anywhere)");
@@ -105,6 +112,9 @@ static Device resolve_device(const Config& cfg, bool needs_gpu) {
         throw ConfigError("train.device: cuda: this tpsp was built without CUDA (configure with -DTPSP_CUDA=ON)");
     if (needs_gpu && visible_gpus() == 0)
         throw ConfigError("train.device: cuda: no CUDA device is visible (train.device: auto falls back to the CPU)");
+    if (needs_gpu && cfg.model.attention == "cudnn" && !built_with_cudnn())
+        throw ConfigError("model.attention: cudnn: this tpsp was built without cuDNN (configure with "
+                          "-DCUDNN_ROOT=<cuDNN's folder>; model.attention: explicit needs none)");
     return Device::cuda;
 }
 
