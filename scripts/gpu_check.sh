@@ -19,11 +19,17 @@ step "dependencies"
 deps=/tmp/tpsp_deps
 mkdir -p "$deps"
 for f in .gpu_deps/*.deb; do dpkg -x "$f" "$deps"; done
-# NCCL and cuDNN: the toolkit's where it has them (CMake looks there first), else PyTorch's wheels
+# NCCL and cuDNN: the toolkit's where it has them (CMake looks there first), else PyTorch's wheels;
+# a wheel's cuDNN loads NVRTC and cuBLAS of its own CUDA version, from their wheels
 wheel() { python3 -c "import nvidia.$1 as m; print(list(m.__path__)[0])" 2> /dev/null || true; }
 nccl_root=$(wheel nccl)
 cudnn_root=$(wheel cudnn)
-export LD_LIBRARY_PATH="$deps/usr/lib/x86_64-linux-gnu:$deps/usr/lib/x86_64-linux-gnu/openblas-openmp${nccl_root:+:$nccl_root/lib}${cudnn_root:+:$cudnn_root/lib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+libs="$deps/usr/lib/x86_64-linux-gnu:$deps/usr/lib/x86_64-linux-gnu/openblas-openmp"
+for w in nccl cudnn cuda_nvrtc cublas; do
+  root=$(wheel $w)
+  if [ -n "$root" ]; then libs="$libs:$root/lib"; fi
+done
+export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 echo "NCCL from ${nccl_root:-the toolkit}, cuDNN from ${cudnn_root:-the toolkit}"
 nvidia-smi -L || true
 nvcc --version | tail -1

@@ -180,9 +180,7 @@ public:
         const cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
         set(heuristics, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &graph);
         set(heuristics, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
-        if (target.device_properties)
-            set(heuristics, CUDNN_ATTR_ENGINEHEUR_DEVICEPROP, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
-                &target.device_properties);
+        if (target.device_properties) describe_device(heuristics, CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, target);
         finalize(heuristics, "engine heuristics");
         int64_t count = 0;
         check(cudnnBackendGetAttribute(heuristics, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0,
@@ -197,9 +195,7 @@ public:
         for (int64_t i = 0; i < count; i++) {
             cudnnBackendDescriptor_t plan = make(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
             if (target.handle) set(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &target.handle);
-            else
-                set(plan, CUDNN_ATTR_EXECUTION_PLAN_DEVICEPROP, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
-                    &target.device_properties);
+            else describe_device(plan, CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, target);
             set(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &configs[i]);
             last = cudnnBackendFinalize(plan);
             if (last != CUDNN_STATUS_SUCCESS) continue;
@@ -221,6 +217,18 @@ public:
     }
 
 private:
+    // Tells the heuristics or a plan which GPU it is for (cuDNN 9.8 and later).
+    static void describe_device(cudnnBackendDescriptor_t d, cudnnBackendDescriptorType_t type, const Target& target) {
+#if CUDNN_VERSION >= 90800
+        const cudnnBackendAttributeName_t name = type == CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR
+                                                     ? CUDNN_ATTR_EXECUTION_PLAN_DEVICEPROP
+                                                     : CUDNN_ATTR_ENGINEHEUR_DEVICEPROP;
+        set(d, name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &target.device_properties);
+#else
+        (void)d, (void)type, (void)target;
+        check(CUDNN_STATUS_NOT_SUPPORTED, "planning for a described GPU needs cuDNN 9.8 or later");
+#endif
+    }
     cudnnBackendDescriptor_t make(cudnnBackendDescriptorType_t type) {
         cudnnBackendDescriptor_t d;
         check(cudnnBackendCreateDescriptor(type, &d), "create descriptor");
@@ -510,10 +518,8 @@ const char* const hopper_properties = R"({"cudaDeviceId": 0, "deviceName": "NVID
     "smClockRateKHz": 1980000, "supportCoopLaunch": 1, "totalGlobalMem": 150754820096, "warpSize": 32,
     "maxBlockSize": [1024, 1024, 64], "maxGridSize": [2147483647, 65535, 65535]})";
 
-}  // namespace
-
-FusedAttentionPlanCheck check_fused_attention_plans_for_hopper(int B, int T, int C, int NH, float p) {
-    const AttentionShape s{B, T, C, NH};
+cudnnBackendDescriptor_t described_hopper() {
+#if CUDNN_VERSION >= 90800
     cudnnBackendDescriptor_t properties;
     check(cudnnBackendCreateDescriptor(CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR, &properties), "device properties");
     const std::string json = hopper_properties;
@@ -521,6 +527,18 @@ FusedAttentionPlanCheck check_fused_attention_plans_for_hopper(int B, int T, int
                                    int64_t(json.size()), json.data()),
           "device properties");
     check(cudnnBackendFinalize(properties), "device properties");
+    return properties;
+#else
+    check(CUDNN_STATUS_NOT_SUPPORTED, "describing a GPU to cuDNN needs cuDNN 9.8 or later");
+    return nullptr;
+#endif
+}
+
+}  // namespace
+
+FusedAttentionPlanCheck check_fused_attention_plans_for_hopper(int B, int T, int C, int NH, float p) {
+    const AttentionShape s{B, T, C, NH};
+    cudnnBackendDescriptor_t properties = described_hopper();
     FusedAttentionPlanCheck result;
     try {
         Plan forward, backward;
