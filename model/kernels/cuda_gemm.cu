@@ -2,12 +2,15 @@
 // accumulation, bf16 outputs (fp32 for the weight gradients, which
 // accumulate into the fp32 gradient buffers). The bias, and fc1's GELU and
 // fc2's GELU gradient, are applied in the GEMM's epilogue, on the fp32
-// accumulator, so the product is written once.
+// accumulator, so the product is written once (where cuBLASLt has no such
+// algorithm, the GELU kernels run after a plain GEMM, and stderr says so once).
 //
 // cuBLASLt is column-major, and a row-major [r, c] matrix is a column-major
 // [c, r] one. So out [N, OC] = inp [N, C] @ weight [OC, C]^T is, to cuBLASLt,
 // out^T [OC, N] = (weight seen as [C, OC])^T · (inp seen as [C, N]).
 #include <compare>
+#include <cstdio>
+#include <optional>
 #include <cstdint>
 #include <map>
 #include <stdexcept>
@@ -102,11 +105,14 @@ static void set_epilogue(cublasLtMatmulDesc_t desc, const Epilogue& epilogue, in
 }
 
 // cuBLASLt's heuristic's first choice for a GEMM, asked once per shape: the
-// query costs tens of microseconds, a step runs the same few shapes again and again.
-static cublasLtMatmulAlgo_t choose_algorithm(const GemmKey& key, cublasLtMatmulDesc_t desc,
-                                             cublasLtMatrixLayout_t a_layout, cublasLtMatrixLayout_t b_layout,
-                                             cublasLtMatrixLayout_t d_layout) {
-    static std::map<GemmKey, cublasLtMatmulAlgo_t> chosen;
+// query costs tens of microseconds, a step runs the same few shapes again
+// and again. None where cuBLASLt has no algorithm (an epilogue it cannot do
+// for this shape, say).
+static std::optional<cublasLtMatmulAlgo_t> choose_algorithm(const GemmKey& key, cublasLtMatmulDesc_t desc,
+                                                            cublasLtMatrixLayout_t a_layout,
+                                                            cublasLtMatrixLayout_t b_layout,
+                                                            cublasLtMatrixLayout_t d_layout) {
+    static std::map<GemmKey, std::optional<cublasLtMatmulAlgo_t>> chosen;
     auto found = chosen.find(key);
     if (found != chosen.end()) return found->second;
     const GpuContext& ctx = gpu::context();
@@ -125,21 +131,22 @@ static cublasLtMatmulAlgo_t choose_algorithm(const GemmKey& key, cublasLtMatmulD
         check_cublas(cublasLtMatmulPreferenceSetAttribute(preference, attribute, value, sizeof(uint32_t)), "alignment");
     cublasLtMatmulHeuristicResult_t heuristic;
     int returned = 0;
-    check_cublas(cublasLtMatmulAlgoGetHeuristic(ctx.blas, desc, a_layout, b_layout, d_layout, d_layout, preference, 1,
-                                                &heuristic, &returned),
-                 "matmul heuristic");
+    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(ctx.blas, desc, a_layout, b_layout, d_layout,
+                                                                 d_layout, preference, 1, &heuristic, &returned);
     cublasLtMatmulPreferenceDestroy(preference);
-    if (returned == 0)
-        throw std::runtime_error("cuBLASLt has no algorithm for a " + std::to_string(key.m) + "×" +
-                                 std::to_string(key.n) + "×" + std::to_string(key.k) + " GEMM");
-    chosen.emplace(key, heuristic.algo);
-    return heuristic.algo;
+    std::optional<cublasLtMatmulAlgo_t> algo;
+    if (status == CUBLAS_STATUS_SUCCESS && returned > 0) algo = heuristic.algo;
+    else if (status != CUBLAS_STATUS_NOT_SUPPORTED && status != CUBLAS_STATUS_SUCCESS)
+        check_cublas(status, "matmul heuristic");
+    chosen.emplace(key, algo);
+    return algo;
 }
 
-// D = epilogue(alpha · op(A) · op(B) + beta · D), D is m × n, op(A) m × k, op(B) k × n.
-static void lt_matmul(bool transa, bool transb, int m, int n, int k, float alpha, const void* A, int64_t lda,
-                      int64_t strideA, const void* B, int64_t ldb, int64_t strideB, float beta, void* D,
-                      cudaDataType d_type, int64_t ldd, int64_t strideD, int batch, const Epilogue& epilogue) {
+// D = epilogue(alpha · op(A) · op(B) + beta · D), D is m × n, op(A) m × k,
+// op(B) k × n. False, with nothing enqueued, where cuBLASLt has no algorithm.
+static bool try_lt_matmul(bool transa, bool transb, int m, int n, int k, float alpha, const void* A, int64_t lda,
+                          int64_t strideA, const void* B, int64_t ldb, int64_t strideB, float beta, void* D,
+                          cudaDataType d_type, int64_t ldd, int64_t strideD, int batch, const Epilogue& epilogue) {
     const GpuContext& ctx = gpu::context();
     cublasLtMatmulDesc_t desc;
     check_cublas(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul descriptor");
@@ -153,19 +160,37 @@ static void lt_matmul(bool transa, bool transb, int m, int n, int k, float alpha
     cublasLtMatrixLayout_t a_layout = make_layout(a, batch), b_layout = make_layout(b, batch),
                            d_layout = make_layout(d, batch);
 
-    const cublasLtMatmulAlgo_t algo = choose_algorithm(
+    const std::optional<cublasLtMatmulAlgo_t> algo = choose_algorithm(
         {transa, transb, m, n, k, lda, ldb, ldd, strideA, strideB, strideD, batch, d_type, epilogue.kind,
          pointer_alignment(A), pointer_alignment(B), pointer_alignment(D),
          epilogue.aux ? pointer_alignment(epilogue.aux) : 256},
         desc, a_layout, b_layout, d_layout);
-    check_cublas(cublasLtMatmul(ctx.blas, desc, &alpha, A, a_layout, B, b_layout, &beta, D, d_layout, D, d_layout,
-                                &algo, ctx.blas_workspace, ctx.blas_workspace_bytes, ctx.stream),
-                 "cublasLtMatmul");
+    if (algo)
+        check_cublas(cublasLtMatmul(ctx.blas, desc, &alpha, A, a_layout, B, b_layout, &beta, D, d_layout, D,
+                                    d_layout, &*algo, ctx.blas_workspace, ctx.blas_workspace_bytes, ctx.stream),
+                     "cublasLtMatmul");
 
     cublasLtMatrixLayoutDestroy(d_layout);
     cublasLtMatrixLayoutDestroy(b_layout);
     cublasLtMatrixLayoutDestroy(a_layout);
     cublasLtMatmulDescDestroy(desc);
+    return algo.has_value();
+}
+
+static void lt_matmul(bool transa, bool transb, int m, int n, int k, float alpha, const void* A, int64_t lda,
+                      int64_t strideA, const void* B, int64_t ldb, int64_t strideB, float beta, void* D,
+                      cudaDataType d_type, int64_t ldd, int64_t strideD, int batch, const Epilogue& epilogue) {
+    if (!try_lt_matmul(transa, transb, m, n, k, alpha, A, lda, strideA, B, ldb, strideB, beta, D, d_type, ldd,
+                       strideD, batch, epilogue))
+        throw std::runtime_error("cuBLASLt has no algorithm for a " + std::to_string(m) + "×" + std::to_string(n) +
+                                 "×" + std::to_string(k) + " GEMM");
+}
+
+// Said once: the GELU then runs as its own kernel, which the figures should know.
+static void note_unfused_gelu(const char* which) {
+    static bool said = false;
+    if (!said) std::fprintf(stderr, "tpsp: cuBLASLt has no %s epilogue here: GEMM and GELU run apart\n", which);
+    said = true;
 }
 
 void gpu::batched_gemm(bool transa, bool transb, int m, int n, int k, float alpha, const bf16* A, int lda,
@@ -175,14 +200,10 @@ void gpu::batched_gemm(bool transa, bool transb, int m, int n, int k, float alph
               batch, plain());
 }
 
-// out^T [OC, N] = epilogue((weight as [C, OC])^T · (inp as [C, N]))
-static void forward_gemm(bf16* out, const bf16* inp, const bf16* weight, int N, int C, int OC,
-                         const Epilogue& epilogue) {
-    lt_matmul(true, false, OC, N, C, 1.0f, weight, C, 0, inp, C, 0, 0.0f, out, CUDA_R_16BF, OC, 0, 1, epilogue);
-}
-
 void matmul_forward(bf16* out, const bf16* inp, const bf16* weight, const bf16* bias, int N, int C, int OC) {
-    forward_gemm(out, inp, weight, N, C, OC, with_bias(bias));
+    // out^T [OC, N] = (weight as [C, OC])^T · (inp as [C, N]) + bias
+    lt_matmul(true, false, OC, N, C, 1.0f, weight, C, 0, inp, C, 0, 0.0f, out, CUDA_R_16BF, OC, 0, 1,
+              with_bias(bias));
 }
 
 // cuBLASLt's GELU matrix needs a leading dimension divisible by 8, and
@@ -193,12 +214,14 @@ static bool gelu_epilogue_fits(int OC, const void* aux) {
 
 void matmul_forward_gelu(bf16* out, bf16* pre_gelu, const bf16* inp, const bf16* weight, const bf16* bias, int N,
                          int C, int OC) {
-    if (!bias || !gelu_epilogue_fits(OC, pre_gelu)) {
-        matmul_forward(pre_gelu, inp, weight, bias, N, C, OC);
-        gelu_forward(out, pre_gelu, int64_t(N) * OC);
+    // out^T [OC, N] = gelu(pre_gelu^T), pre_gelu^T = (weight as [C, OC])^T · (inp as [C, N]) + bias
+    if (bias && gelu_epilogue_fits(OC, pre_gelu) &&
+        try_lt_matmul(true, false, OC, N, C, 1.0f, weight, C, 0, inp, C, 0, 0.0f, out, CUDA_R_16BF, OC, 0, 1,
+                      {CUBLASLT_EPILOGUE_GELU_AUX_BIAS, bias, pre_gelu}))
         return;
-    }
-    forward_gemm(out, inp, weight, N, C, OC, {CUBLASLT_EPILOGUE_GELU_AUX_BIAS, bias, pre_gelu});
+    if (bias && gelu_epilogue_fits(OC, pre_gelu)) note_unfused_gelu("GELU_AUX_BIAS");
+    matmul_forward(pre_gelu, inp, weight, bias, N, C, OC);
+    gelu_forward(out, pre_gelu, int64_t(N) * OC);
 }
 
 void matmul_backward(bf16* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp,
@@ -221,14 +244,14 @@ void matmul_backward_input_columns(bf16* dinp, const bf16* dout, const bf16* wei
 
 void matmul_backward_input_gelu(bf16* dinp, const bf16* dout, const bf16* weight, const bf16* pre_gelu, int N,
                                 int C, int OC) {
-    if (!gelu_epilogue_fits(C, pre_gelu)) {
-        matmul_backward_input(dinp, dout, weight, N, C, OC);
-        gelu_backward(dinp, pre_gelu, dinp, int64_t(N) * C);
-        return;
-    }
     // dinp^T [C, N] = gelu'(pre_gelu^T) ⊙ ((weight as [C, OC]) · (dout as [OC, N]))
-    lt_matmul(false, false, C, N, OC, 1.0f, weight, C, 0, dout, OC, 0, 0.0f, dinp, CUDA_R_16BF, C, 0, 1,
-              {CUBLASLT_EPILOGUE_DGELU, nullptr, pre_gelu});
+    if (gelu_epilogue_fits(C, pre_gelu) &&
+        try_lt_matmul(false, false, C, N, OC, 1.0f, weight, C, 0, dout, OC, 0, 0.0f, dinp, CUDA_R_16BF, C, 0, 1,
+                      {CUBLASLT_EPILOGUE_DGELU, nullptr, pre_gelu}))
+        return;
+    if (gelu_epilogue_fits(C, pre_gelu)) note_unfused_gelu("DGELU");
+    matmul_backward_input(dinp, dout, weight, N, C, OC);
+    gelu_backward(dinp, pre_gelu, dinp, int64_t(N) * C);
 }
 
 void matmul_backward_weight(float* dweight, float* dbias, const bf16* dout, const bf16* inp, int N, int C, int OC,
