@@ -47,21 +47,19 @@ std::vector<TensorSpec> block_activation_table(const GPTConfig& c, const RunShap
     Dim s_local = tp.sequence_parallel ? split_dim(r.seq_len, "s", t) : s;
     Dim heads = split_dim(c.num_heads, "a", t), h_t = split_dim(c.channels, "h", t);
     Dim h3_t = split_dim(3 * c.channels, "3h", t), h4_t = split_dim(4 * c.channels, "4h", t);
-    std::vector<TensorSpec> attention;
-    if (c.attention == AttentionKernel::cudnn_fused) {
-        attention = {tensor("softmax_stats", {b, heads, s}, &a->softmax_stats)};
-    } else {
-        attention = {tensor("softmax_out", {b, heads, s, s}, &a->softmax_out),
-                     tensor("attn_dropout_mask", {b, heads, s, s}, &a->attn_dropout_mask),
-                     tensor("attn_dropout_out", {b, heads, s, s}, &a->attn_dropout_out)};
-    }
     std::vector<TensorSpec> table = {
         tensor("ln1_in", {s_local, b, h}, &a->ln1_in),
         tensor("ln1_out", {s_local, b, h}, &a->ln1_out),
         tensor("qkv", {s, b, h3_t}, &a->qkv),
     };
-    table.insert(table.end(), attention.begin(), attention.end());
-    std::vector<TensorSpec> rest = {
+    if (c.attention == AttentionKernel::cudnn_fused) {
+        table.push_back(tensor("softmax_stats", {b, heads, s}, &a->softmax_stats));
+    } else {
+        table.insert(table.end(), {tensor("softmax_out", {b, heads, s, s}, &a->softmax_out),
+                                   tensor("attn_dropout_mask", {b, heads, s, s}, &a->attn_dropout_mask),
+                                   tensor("attn_dropout_out", {b, heads, s, s}, &a->attn_dropout_out)});
+    }
+    table.insert(table.end(), {
         tensor("attn_out", {s, b, h_t}, &a->attn_out),
         tensor("proj_dropout_mask", {s_local, b, h}, &a->proj_dropout_mask),
         tensor("ln2_in", {s_local, b, h}, &a->ln2_in),
@@ -69,17 +67,14 @@ std::vector<TensorSpec> block_activation_table(const GPTConfig& c, const RunShap
         tensor("gelu_in", {s, b, h4_t}, &a->gelu_in),
         tensor("gelu_out", {s, b, h4_t}, &a->gelu_out),
         tensor("fc2_dropout_mask", {s_local, b, h}, &a->fc2_dropout_mask),
-    };
-    table.insert(table.end(), rest.begin(), rest.end());
+    });
     return table;
 }
 
-// The attention kernels' scratch in the workspace: none for cuDNN's fused
-// kernel, which keeps its own.
-template <class Backend>
-Dim attention_scratch_for(const GPTConfig& c, const RunShape& r, int t) {
-    if (c.attention == AttentionKernel::cudnn_fused) return {0, "cuDNN's own"};
-    return Backend::attention_scratch(r.batch, r.seq_len, c.channels, c.num_heads, t);
+// The attention kernels' scratch in the workspace: the explicit kernels'
+// (the backend's `explicit_scratch`), none for cuDNN's fused kernel, which keeps its own.
+inline Dim attention_scratch_for(const GPTConfig& c, const Dim& explicit_scratch) {
+    return c.attention == AttentionKernel::cudnn_fused ? Dim{0, "cuDNN's own"} : explicit_scratch;
 }
 
 template <class Act>
@@ -168,7 +163,9 @@ GPTModel<Backend>::GPTModel(const GPTConfig& c, const RunShape& r, const TensorP
     std::vector<TensorSpec> outside_table = outside_activation_table(config, shape, tp, &outside);
     activations.insert(activations.end(), outside_table.begin(), outside_table.end());
     activation_arena = Arena(activations, memory);
-    const Dim scratch = attention_scratch_for<Backend>(config, shape, tp.size);
+    const Dim scratch = attention_scratch_for(config, Backend::attention_scratch(shape.batch, shape.seq_len,
+                                                                                 config.channels, config.num_heads,
+                                                                                 tp.size));
     workspace_arena = Arena(workspace_table(config, shape, tp, scratch, &workspace), memory);
     token_arena = Arena(token_table(shape, &tokens), memory);
     host_row_targets_.resize(size_t(shape.batch) * shape.seq_len);
@@ -225,17 +222,14 @@ void GPTModel<Backend>::refresh_gemm_weights() {
         for (const GemmWeightCopy& c : gemm_weight_copies_) Backend::cast(c.copy, c.master, c.elements);
 }
 
-// cuDNN's dropout seed for one layer of one forward: different for every
-// step, layer, micro-batch and TP rank (a rank's heads are its own).
+// cuDNN's dropout seed for one layer of one forward: Philox of (step,
+// layer, micro-batch, TP rank) under the run's seed, so it differs for every
+// one of them (a rank's heads are its own).
 inline uint64_t fused_attention_seed(const DropoutStep& draw, int layer, int tp_rank) {
-    uint64_t x = draw.seed;
-    for (uint64_t part : {uint64_t(draw.step), uint64_t(layer), uint64_t(draw.batch_offset), uint64_t(tp_rank)}) {
-        x ^= part + 0x9e3779b97f4a7c15ull;  // splitmix64's finaliser on each part in turn
-        x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-        x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-        x ^= x >> 31;
-    }
-    return x;
+    const PhiloxCounter bits = philox4x32_10(
+        {draw.step, uint32_t(layer), uint32_t(draw.batch_offset), uint32_t(tp_rank)},
+        {uint32_t(draw.seed), uint32_t(draw.seed >> 32)});
+    return uint64_t(bits[0]) | uint64_t(bits[1]) << 32;
 }
 
 // Causal self-attention of this rank's a/t heads: qkv → attn_out.

@@ -89,11 +89,8 @@ static MemoryReport report(const GPTConfig& c, const RunShape& r, const TensorPa
 
 MemoryReport memory_report(const GPTConfig& c, const RunShape& r, const TensorParallelism& tp, Device device) {
     const int64_t b = r.batch, s = r.seq_len, h = c.channels, a = c.num_heads, t = tp.size;
-    if (device == Device::cuda) {
-        const Dim scratch = c.attention == AttentionKernel::cudnn_fused ? Dim{0, "cuDNN's own"}
-                                                                         : cuda_attention_scratch(b, s, h, a, t);
-        return report<uint16_t>(c, r, tp, scratch, "cuda");
-    }
+    if (device == Device::cuda)
+        return report<uint16_t>(c, r, tp, attention_scratch_for(c, cuda_attention_scratch(b, s, h, a, t)), "cuda");
     if (c.attention == AttentionKernel::cudnn_fused)
         throw std::invalid_argument("model.attention: cudnn is cuDNN's fused attention: it needs the GPU");
     return report<float>(c, r, tp, CpuBackend::attention_scratch(b, s, h, a, t), "cpu");

@@ -48,6 +48,41 @@ double relative_error(const float* got, const float* want, int64_t n) {
     return std::sqrt(diff / std::max(norm, 1e-30));
 }
 
+// Token ids and targets [b, s] from two affine sequences mod V.
+struct Tokens {
+    std::vector<int> inputs, targets;
+};
+Tokens affine_tokens(int N, int V, int input_step, int input_start, int target_step, int target_start) {
+    Tokens t{std::vector<int>(static_cast<size_t>(N)), std::vector<int>(static_cast<size_t>(N))};
+    for (int i = 0; i < N; i++) {
+        t.inputs[i] = (i * input_step + input_start) % V;
+        t.targets[i] = (i * target_step + target_start) % V;
+    }
+    return t;
+}
+
+// The same weights (from `seed`), one forward and backward of each model on
+// the same tokens and draw: the losses to 1e-2, every gradient tensor to 5e-2.
+void expect_same_loss_and_gradients(GPT& cpu, GPTModel<CudaBackend>& gpu_model, const Tokens& tokens,
+                                    const DropoutStep& draw, uint64_t seed) {
+    const int N = cpu.shape.batch * cpu.shape.seq_len;
+    cpu.init_random(seed);
+    gpu_model.init_random(seed);
+    cpu.zero_grad();
+    gpu_model.zero_grad();
+    const float cpu_loss = cpu.forward(tokens.inputs.data(), tokens.targets.data(), draw);
+    const float gpu_loss = gpu_model.forward(tokens.inputs.data(), tokens.targets.data(), draw);
+    EXPECT_NEAR(gpu_loss, cpu_loss, 1e-2 * cpu_loss);
+    cpu.backward(1.0f / N);
+    gpu_model.backward(1.0f / N);
+    std::vector<float> gpu_grads = download_floats(gpu_model.grads.wte, gpu_model.num_parameters);
+    int64_t at = 0;
+    for (const TensorSpec& t : cpu.parameter_specs) {
+        EXPECT_LT(relative_error(gpu_grads.data() + at, cpu.grads.wte + at, t.elements()), 5e-2) << "d" << t.name;
+        at += t.elements();
+    }
+}
+
 class CudaModel : public ::testing::Test {
 protected:
     void SetUp() override {
@@ -65,31 +100,10 @@ TEST_F(CudaModel, LossGradientsAndMasksMatchTheCpuModel) {
     const GPTConfig config = tiny_config();
     const RunShape shape{4, 64, 0.1f};
     const int N = shape.batch * shape.seq_len;
-    std::vector<int> inputs(static_cast<size_t>(N)), targets(static_cast<size_t>(N));
-    for (int i = 0; i < N; i++) {
-        inputs[i] = (i * 97 + 13) % config.vocab_size;
-        targets[i] = (i * 31 + 7) % config.vocab_size;
-    }
-    const DropoutStep draw{1234, 7, 0};
-
     GPT cpu(config, shape);
     GPTModel<CudaBackend> gpu_model(config, shape);
-    cpu.init_random(42);
-    gpu_model.init_random(42);
-    cpu.zero_grad();
-    gpu_model.zero_grad();
-    const float cpu_loss = cpu.forward(inputs.data(), targets.data(), draw);
-    const float gpu_loss = gpu_model.forward(inputs.data(), targets.data(), draw);
-    EXPECT_NEAR(gpu_loss, cpu_loss, 1e-2 * cpu_loss);
-    cpu.backward(1.0f / N);
-    gpu_model.backward(1.0f / N);
-
-    std::vector<float> gpu_grads = download_floats(gpu_model.grads.wte, gpu_model.num_parameters);
-    int64_t at = 0;
-    for (const TensorSpec& t : cpu.parameter_specs) {
-        EXPECT_LT(relative_error(gpu_grads.data() + at, cpu.grads.wte + at, t.elements()), 5e-2) << "d" << t.name;
-        at += t.elements();
-    }
+    expect_same_loss_and_gradients(cpu, gpu_model, affine_tokens(N, config.vocab_size, 97, 13, 31, 7),
+                                   {1234, 7, 0}, 42);
     const int64_t scores = int64_t(shape.batch) * config.num_heads * shape.seq_len * shape.seq_len;
     const int64_t tokens = int64_t(N) * config.channels;
     for (int l = 0; l < config.num_layers; l++) {
@@ -106,30 +120,12 @@ TEST_F(CudaModel, LossGradientsAndMasksMatchTheCpuModel) {
 TEST_F(CudaModel, CudnnAttentionMatchesTheCpuModelWithoutDropout) {
     GPTConfig config = tiny_config();
     const RunShape shape{4, 64, 0.0f};
-    const int N = shape.batch * shape.seq_len;
-    std::vector<int> inputs(static_cast<size_t>(N)), targets(static_cast<size_t>(N));
-    for (int i = 0; i < N; i++) {
-        inputs[i] = (i * 89 + 5) % config.vocab_size;
-        targets[i] = (i * 37 + 11) % config.vocab_size;
-    }
     GPT cpu(config, shape);
     config.attention = AttentionKernel::cudnn_fused;
     GPTModel<CudaBackend> gpu_model(config, shape);
-    cpu.init_random(43);
-    gpu_model.init_random(43);
-    cpu.zero_grad();
-    gpu_model.zero_grad();
-    const float cpu_loss = cpu.forward(inputs.data(), targets.data(), {});
-    const float gpu_loss = gpu_model.forward(inputs.data(), targets.data(), {});
-    EXPECT_NEAR(gpu_loss, cpu_loss, 1e-2 * cpu_loss);
-    cpu.backward(1.0f / N);
-    gpu_model.backward(1.0f / N);
-    std::vector<float> gpu_grads = download_floats(gpu_model.grads.wte, gpu_model.num_parameters);
-    int64_t at = 0;
-    for (const TensorSpec& t : cpu.parameter_specs) {
-        EXPECT_LT(relative_error(gpu_grads.data() + at, cpu.grads.wte + at, t.elements()), 5e-2) << "d" << t.name;
-        at += t.elements();
-    }
+    expect_same_loss_and_gradients(cpu, gpu_model,
+                                   affine_tokens(shape.batch * shape.seq_len, config.vocab_size, 89, 5, 37, 11), {},
+                                   43);
     // its blocks keep [b, a, s] fp32 statistics instead of the three [b, a, s, s] tensors
     const int64_t b = shape.batch, s = shape.seq_len, h = config.channels, a = config.num_heads;
     const int64_t outside = b * s * (h * (1 + 2 + 2) + 2 * config.padded_vocab_size + 8);

@@ -109,13 +109,13 @@ public:
         if (axis >= 0) set(pw, CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, 1, &axis);
         finalize(pw, "pointwise descriptor");
         cudnnBackendDescriptor_t op = make(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
-        set(op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &pw);
+        link(op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw);
         const cudnnBackendAttributeName_t slots[] = {CUDNN_ATTR_OPERATION_POINTWISE_XDESC,
                                                      CUDNN_ATTR_OPERATION_POINTWISE_BDESC,
                                                      CUDNN_ATTR_OPERATION_POINTWISE_TDESC};
         int slot = 0;
-        for (const Tensor* x : inputs) set(op, slots[slot++], CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x->desc);
-        set(op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y.desc);
+        for (const Tensor* x : inputs) link(op, slots[slot++], x->desc);
+        link(op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y.desc);
         add_operation(op, "pointwise operation");
     }
     // c = a @ b per (batch, head), fp32 accumulation
@@ -125,10 +125,10 @@ public:
         set(mm, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &compute);
         finalize(mm, "matmul descriptor");
         cudnnBackendDescriptor_t op = make(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR);
-        set(op, CUDNN_ATTR_OPERATION_MATMUL_ADESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &a.desc);
-        set(op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b.desc);
-        set(op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &c.desc);
-        set(op, CUDNN_ATTR_OPERATION_MATMUL_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &mm);
+        link(op, CUDNN_ATTR_OPERATION_MATMUL_ADESC, a.desc);
+        link(op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, b.desc);
+        link(op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, c.desc);
+        link(op, CUDNN_ATTR_OPERATION_MATMUL_DESC, mm);
         add_operation(op, "matmul operation");
     }
     // y [.., 1] = reduce(x) over the last dimension
@@ -139,9 +139,9 @@ public:
         set(r, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &compute);
         finalize(r, "reduction descriptor");
         cudnnBackendDescriptor_t op = make(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
-        set(op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x.desc);
-        set(op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y.desc);
-        set(op, CUDNN_ATTR_OPERATION_REDUCTION_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &r);
+        link(op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, x.desc);
+        link(op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, y.desc);
+        link(op, CUDNN_ATTR_OPERATION_REDUCTION_DESC, r);
         add_operation(op, "reduction operation");
     }
     // mask = Bernoulli(keep) drawn by Philox from (seed, offset)
@@ -152,17 +152,17 @@ public:
         set(rng, CUDNN_ATTR_RNG_BERNOULLI_DIST_PROBABILITY, CUDNN_TYPE_DOUBLE, 1, &keep);
         finalize(rng, "rng descriptor");
         cudnnBackendDescriptor_t op = make(CUDNN_BACKEND_OPERATION_RNG_DESCRIPTOR);
-        set(op, CUDNN_ATTR_OPERATION_RNG_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &mask.desc);
-        set(op, CUDNN_ATTR_OPERATION_RNG_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &rng);
-        set(op, CUDNN_ATTR_OPERATION_RNG_SEED, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &seed.desc);
-        set(op, CUDNN_ATTR_OPERATION_RNG_OFFSET_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &offset.desc);
+        link(op, CUDNN_ATTR_OPERATION_RNG_YDESC, mask.desc);
+        link(op, CUDNN_ATTR_OPERATION_RNG_DESC, rng);
+        link(op, CUDNN_ATTR_OPERATION_RNG_SEED, seed.desc);
+        link(op, CUDNN_ATTR_OPERATION_RNG_OFFSET_DESC, offset.desc);
         add_operation(op, "rng operation");
     }
     // y: the same elements as x seen through other dims and strides (a transpose)
     void reshape(const Tensor& x, const Tensor& y) {
         cudnnBackendDescriptor_t op = make(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR);
-        set(op, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x.desc);
-        set(op, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y.desc);
+        link(op, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, x.desc);
+        link(op, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, y.desc);
         add_operation(op, "reshape operation");
     }
 
@@ -178,7 +178,7 @@ public:
         finalize(graph, "operation graph");
         cudnnBackendDescriptor_t heuristics = make(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
         const cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
-        set(heuristics, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &graph);
+        link(heuristics, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph);
         set(heuristics, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
         if (target.device_properties) describe_device(heuristics, CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, target);
         finalize(heuristics, "engine heuristics");
@@ -196,7 +196,7 @@ public:
             cudnnBackendDescriptor_t plan = make(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
             if (target.handle) set(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &target.handle);
             else describe_device(plan, CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, target);
-            set(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &configs[i]);
+            link(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, configs[i]);
             last = cudnnBackendFinalize(plan);
             if (last != CUDNN_STATUS_SUCCESS) continue;
             int64_t returned = 0;
@@ -223,7 +223,7 @@ private:
         const cudnnBackendAttributeName_t name = type == CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR
                                                      ? CUDNN_ATTR_EXECUTION_PLAN_DEVICEPROP
                                                      : CUDNN_ATTR_ENGINEHEUR_DEVICEPROP;
-        set(d, name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &target.device_properties);
+        link(d, name, target.device_properties);
 #else
         (void)d, (void)type, (void)target;
         check(CUDNN_STATUS_NOT_SUPPORTED, "planning for a described GPU needs cuDNN 9.8 or later");
@@ -238,6 +238,10 @@ private:
     static void set(cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type,
                     int64_t count, const void* values) {
         check(cudnnBackendSetAttribute(d, name, type, count, values), "set attribute");
+    }
+    // the attribute `name` of d is the descriptor `other` (a tensor, an operation's settings, ...)
+    static void link(cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t name, cudnnBackendDescriptor_t other) {
+        set(d, name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &other);
     }
     static void finalize(cudnnBackendDescriptor_t d, const char* what) { check(cudnnBackendFinalize(d), what); }
     void add_operation(cudnnBackendDescriptor_t op, const char* what) {
@@ -469,17 +473,21 @@ Scratch& scratch() {
 
 size_t aligned(size_t n) { return (n + 255) / 256 * 256; }
 
-void run(const Plan& plan, std::vector<std::pair<int64_t, void*>> bound, void* workspace) {
-    std::vector<int64_t> uids;
-    std::vector<void*> pointers;
+// Runs the plan on the tensors `bound` (uid, pointer); uid 0 is a tensor this
+// graph does not have. On the stack: the step loop allocates nothing.
+void run(const Plan& plan, std::initializer_list<std::pair<int64_t, void*>> bound, void* workspace) {
+    constexpr size_t most = 24;
+    std::array<int64_t, most> uids{};
+    std::array<void*, most> pointers{};
+    size_t n = 0;
     for (const auto& [uid, pointer] : bound)
-        if (uid) uids.push_back(uid), pointers.push_back(pointer);
+        if (uid && n < most) uids[n] = uid, pointers[n++] = pointer;
     cudnnBackendDescriptor_t pack;
     check(cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &pack), "variant pack");
-    const int64_t n = int64_t(uids.size());
-    check(cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n, uids.data()),
+    check(cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, int64_t(n),
+                                   uids.data()),
           "variant pack uids");
-    check(cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n,
+    check(cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, int64_t(n),
                                    pointers.data()),
           "variant pack pointers");
     check(cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace),
