@@ -17,11 +17,14 @@ Dim cuda_attention_scratch(int64_t b, int64_t s, int64_t h, int64_t a, int64_t t
     return {cuda_attention_scratch_elements(b, s, h / t, a / t), symbol};
 }
 
-double CpuBackend::square_sum(const float* x, int64_t n) {
-    double sum = 0.0;
+void CpuBackend::square_sums(const float* x, const std::vector<SquareSumRange>& ranges, double sums[2]) {
+    sums[0] = sums[1] = 0.0;
+    for (const SquareSumRange& r : ranges) {
+        double sum = 0.0;
 #pragma omp parallel for reduction(+ : sum)
-    for (int64_t i = 0; i < n; i++) sum += double(x[i]) * x[i];
-    return sum;
+        for (int64_t i = r.begin; i < r.begin + r.count; i++) sum += double(x[i]) * x[i];
+        sums[r.sum] += sum;
+    }
 }
 
 Dim CpuBackend::attention_scratch(int64_t, int64_t s, int64_t, int64_t, int64_t) {

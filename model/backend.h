@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "model/kernels/cpu_kernels.h"
 #include "model/tensor_table.h"
@@ -19,6 +20,13 @@ namespace tpsp {
 struct AdamWStep {
     float lr, beta1, beta2, eps, grad_scale;
     float correction1, correction2;  // 1 − β^step
+};
+
+// A range of a float buffer and which of two sums its squares add to
+// (GPTModel::grad_square_sums: 0 the sharded tensors, 1 the replicated ones).
+struct SquareSumRange {
+    int64_t begin, count;
+    int sum;
 };
 
 // The CUDA attention kernels' scratch (attention_scratch.h), as a table
@@ -43,8 +51,8 @@ struct CpuBackend {
     static void upload(void* dst, const void* host, size_t bytes) { std::memcpy(dst, host, bytes); }
     static void download(void* host, const void* src, size_t bytes) { std::memcpy(host, src, bytes); }
     static void zero(void* data, size_t bytes) { std::memset(data, 0, bytes); }
-    // Σ x² in double
-    static double square_sum(const float* x, int64_t n);
+    // sums[r.sum] = Σ x² over every range r, in double
+    static void square_sums(const float* x, const std::vector<SquareSumRange>& ranges, double sums[2]);
 
     // attention_backward's scratch: one [s, s] score gradient per OpenMP thread
     static Dim attention_scratch(int64_t b, int64_t s, int64_t h, int64_t a, int64_t t);

@@ -234,6 +234,7 @@ private:
         int64_t elements;
     };
     std::vector<GemmWeightCopy> gemm_weight_copies_;  // empty where the GEMMs read the parameters
+    std::vector<SquareSumRange> grad_norm_ranges_;     // every gradient tensor, sharded (0) or replicated (1)
 };
 
 // The CPU model, which the trainer, the sampler and most tests use.

@@ -56,31 +56,48 @@ void CudaBackend::zero(void* data, size_t bytes) {
     check_cuda(cudaMemsetAsync(data, 0, bytes, gpu::context().stream), "zero");
 }
 
-// one block per 64 Ki elements, each adding its share in double
-__global__ void square_sum_kernel(double* sum, const float* x, int64_t n) {
-    __shared__ double partial[256];
+// grid (blocks per range, ranges): a block adds Σ x² over its stride of one
+// range to sums[range.sum], in double
+constexpr int square_sum_threads = 256, square_sum_blocks_per_range = 64;
+
+__global__ void square_sums_kernel(double* sums, const float* x, const SquareSumRange* ranges) {
+    __shared__ double partial[square_sum_threads];
+    const SquareSumRange range = ranges[blockIdx.y];
+    const float* data = x + range.begin;
     double local = 0.0;
-    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-        local += double(x[i]) * x[i];
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < range.count;
+         i += int64_t(gridDim.x) * blockDim.x)
+        local += double(data[i]) * data[i];
     partial[threadIdx.x] = local;
     __syncthreads();
     for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
         if (int(threadIdx.x) < stride) partial[threadIdx.x] += partial[threadIdx.x + stride];
         __syncthreads();
     }
-    if (threadIdx.x == 0) atomicAdd(sum, partial[0]);
+    if (threadIdx.x == 0) atomicAdd(&sums[range.sum], partial[0]);
 }
 
-double CudaBackend::square_sum(const float* x, int64_t n) {
-    static double* device_sum = static_cast<double*>(device_allocate(sizeof(double)));
+void CudaBackend::square_sums(const float* x, const std::vector<SquareSumRange>& ranges, double sums[2]) {
+    sums[0] = sums[1] = 0.0;
+    if (ranges.empty()) return;
+    // device scratch: the two sums, then the range table; grows, never shrinks
+    static void* scratch = nullptr;
+    static size_t scratch_bytes = 0;
+    const size_t needed = 2 * sizeof(double) + ranges.size() * sizeof(SquareSumRange);
+    if (needed > scratch_bytes) {
+        device_release(scratch);
+        scratch = device_allocate(needed);
+        scratch_bytes = needed;
+    }
+    double* device_sums = static_cast<double*>(scratch);
+    SquareSumRange* device_ranges = reinterpret_cast<SquareSumRange*>(device_sums + 2);
     const cudaStream_t stream = gpu::context().stream;
-    check_cuda(cudaMemsetAsync(device_sum, 0, sizeof(double), stream), "square_sum");
-    const int64_t blocks = std::min<int64_t>(1024, (n + 65535) / 65536 + 1);
-    square_sum_kernel<<<unsigned(blocks), 256, 0, stream>>>(device_sum, x, n);
-    gpu::check_launch("square_sum");
-    double sum = 0.0;
-    download(&sum, device_sum, sizeof sum);
-    return sum;
+    upload(device_ranges, ranges.data(), ranges.size() * sizeof(SquareSumRange));
+    check_cuda(cudaMemsetAsync(device_sums, 0, 2 * sizeof(double), stream), "square_sums");
+    const dim3 grid(square_sum_blocks_per_range, unsigned(ranges.size()));
+    square_sums_kernel<<<grid, square_sum_threads, 0, stream>>>(device_sums, x, device_ranges);
+    gpu::check_launch("square_sums");
+    download(sums, device_sums, 2 * sizeof(double));
 }
 
 Dim CudaBackend::attention_scratch(int64_t b, int64_t s, int64_t h, int64_t a, int64_t t) {

@@ -137,6 +137,11 @@ GPTModel<Backend>::GPTModel(const GPTConfig& c, const RunShape& r, const TensorP
     param_arena = Arena(parameter_specs, memory);
     grad_arena = Arena(parameter_table(config, tp.size, &grads), memory);
     num_parameters = int64_t(param_arena.bytes() / sizeof(float));
+    int64_t at = 0;
+    for (const TensorSpec& p : parameter_specs) {
+        grad_norm_ranges_.push_back({at, p.elements(), parameter_is_replicated(p.name) ? 1 : 0});
+        at += p.elements();
+    }
     if constexpr (Backend::copies_gemm_weights) {
         // each bf16 copy beside the fp32 parameter of its name, for refresh_gemm_weights
         std::vector<TensorSpec> weight_table = gemm_weight_table(config, tp.size, &weights);
@@ -443,13 +448,10 @@ void GPTModel<Backend>::reduce_replicated_grads() {
 
 template <class Backend>
 void GPTModel<Backend>::grad_square_sums(double* sharded, double* replicated) const {
-    *sharded = *replicated = 0.0;
-    int64_t at = 0;
-    for (const TensorSpec& t : parameter_specs) {
-        double sum = Backend::square_sum(grads.wte + at, t.elements());
-        (parameter_is_replicated(t.name) ? *replicated : *sharded) += sum;
-        at += t.elements();
-    }
+    double sums[2];
+    Backend::square_sums(grads.wte, grad_norm_ranges_, sums);
+    *sharded = sums[0];
+    *replicated = sums[1];
 }
 
 }  // namespace tpsp

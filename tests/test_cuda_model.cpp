@@ -1,6 +1,6 @@
 // The CUDA model against the CPU model at t = 1 on the tiny config's shape:
 // the same weights, tokens and dropout draw give the same loss and gradients
-// (at bf16 tolerances) and bit-identical masks; its arenas are the tables,
+// and gradient norm (at bf16 tolerances) and bit-identical masks; its arenas are the tables,
 // whose blocks are the paper's formula with e = 2. Skipped without a GPU.
 #include <gtest/gtest.h>
 
@@ -81,6 +81,11 @@ void expect_same_loss_and_gradients(GPT& cpu, GPTModel<CudaBackend>& gpu_model, 
         EXPECT_LT(relative_error(gpu_grads.data() + at, cpu.grads.wte + at, t.elements()), 5e-2) << "d" << t.name;
         at += t.elements();
     }
+    // the gradient norm's two parts, from the device's one-kernel sum, against the CPU's
+    double cpu_sums[2], gpu_sums[2];
+    cpu.grad_square_sums(&cpu_sums[0], &cpu_sums[1]);
+    gpu_model.grad_square_sums(&gpu_sums[0], &gpu_sums[1]);
+    for (int part = 0; part < 2; part++) EXPECT_NEAR(gpu_sums[part], cpu_sums[part], 1e-1 * cpu_sums[part]);
 }
 
 class CudaModel : public ::testing::Test {

@@ -1,7 +1,7 @@
 // Under mpirun with 4 ranks (ctest launches it): the model split over TP
 // groups of 2 and 4, with sequence parallelism and without, against the
 // single-rank model on every rank — loss, every parameter gradient (the
-// shards gathered), the dropout masks, and the arena against the formula.
+// shards gathered), the gradient norm, the dropout masks, and the arena against the formula.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -100,6 +100,17 @@ void compare_with_one_rank(int t, bool sequence_parallel) {
             at += spec.elements();
         }
     }
+
+    // the gradient norm: the shards' squares add up over the group, the replicated tensors count once
+    double direct = 0.0;
+    for (int64_t i = 0; i < one.num_parameters; i++) direct += double(one.grads.wte[i]) * one.grads.wte[i];
+    double one_sharded, one_replicated, split_sharded, split_replicated;
+    one.grad_square_sums(&one_sharded, &one_replicated);
+    split.grad_square_sums(&split_sharded, &split_replicated);
+    group.all_reduce_sum(&split_sharded, 1);
+    EXPECT_NEAR(one_sharded + one_replicated, direct, 1e-12 * direct);
+    EXPECT_NEAR(split_sharded + split_replicated, direct, 1e-4 * direct);
+    EXPECT_NEAR(split_replicated, one_replicated, 1e-4 * one_replicated);
 
     // the arena this rank allocated is the per-rank formula
     int64_t formula = block_activation_formula_bytes(B, S, C, config.num_heads, 4, t, sequence_parallel);
