@@ -214,6 +214,11 @@ public:
 
 private:
     void refresh_gemm_weights();
+    void norm_forward(Act* out, const Act* inp, const float* weight, const float* bias);
+    void branch_forward(Act* out, const Act* residual, Act* y, const float* bias, uint8_t* mask,
+                        const DropoutBox& box, float p, const DropoutKey& key);
+    void branch_backward(float* dbias, const uint8_t* mask);
+    void norm_backward(float* dweight, float* dbias, const Act* dout, const Act* inp, const float* weight);
     void block_forward(int layer, Act* block_out, const DropoutStep& draw, float p);
     void attention_forward(int layer, const DropoutStep& draw, float p);
     void attention_backward(int layer);

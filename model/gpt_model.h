@@ -191,6 +191,7 @@ int GPTModel<Backend>::seq_start() const {
 
 template <class Backend>
 void GPTModel<Backend>::zero_grad() {
+    ComputeSpan span(group_->tracer, "zero gradients");
     Backend::zero(grad_arena.data(), grad_arena.bytes());
 }
 
@@ -223,8 +224,10 @@ inline DropoutBox probs_box(int B, int heads_local, int heads, int S, int head_s
 // On the GPU: the bf16 copies of the GEMM weights from the fp32 master weights.
 template <class Backend>
 void GPTModel<Backend>::refresh_gemm_weights() {
-    if constexpr (Backend::copies_gemm_weights)
+    if constexpr (Backend::copies_gemm_weights) {
+        ComputeSpan span(group_->tracer, "weights to bf16");
         for (const GemmWeightCopy& c : gemm_weight_copies_) Backend::cast(c.copy, c.master, c.elements);
+    }
 }
 
 // cuDNN's dropout seed for one layer of one forward: Philox of (step,
@@ -275,55 +278,78 @@ void GPTModel<Backend>::attention_backward(int l) {
                                 a.attn_dropout_out, w.attention_scratch, B, T, Ct, heads, p);
 }
 
+// LayerNorm over this rank's rows [s/t·b, h] (all s·b rows without SP).
+template <class Backend>
+void GPTModel<Backend>::norm_forward(Act* out, const Act* inp, const float* weight, const float* bias) {
+    ComputeSpan span(group_->tracer, "layernorm");
+    layernorm_forward(out, inp, weight, bias, local_seq() * shape.batch, config.channels);
+}
+
+// A residual branch's end: out = residual + dropout(y + bias), y in place.
+template <class Backend>
+void GPTModel<Backend>::branch_forward(Act* out, const Act* residual, Act* y, const float* bias, uint8_t* mask,
+                                       const DropoutBox& box, float p, const DropoutKey& key) {
+    const int N_local = local_seq() * shape.batch, C = config.channels;
+    ComputeSpan span(group_->tracer, "bias, dropout, residual");
+    bias_forward(y, bias, N_local, C);
+    dropout_forward(y, mask, y, box, p, key);
+    residual_forward(out, residual, y, int64_t(N_local) * C);
+}
+
 template <class Backend>
 void GPTModel<Backend>::block_forward(int l, Act* block_out, const DropoutStep& draw, float p) {
     const int B = shape.batch, T = shape.seq_len, C = config.channels, t = tp.size;
     const int Ct = C / t, hidden = 4 * C / t;
-    const int N_local = local_seq() * B;  // rows of the local activations
     BlockActivations<Act>& a = blocks[l];
     Workspace<Act>& w = workspace;
     DropoutBox token_positions = token_box(local_seq(), B, T, C, seq_start(), draw.batch_offset);
     auto key = [&](DropoutSite site) { return DropoutKey{draw.seed, draw.step, uint32_t(l), site}; };
 
     // attention half: ln2_in = ln1_in + dropout(ḡ(proj(attention(qkv(g(ln1(ln1_in)))))) + bias)
-    layernorm_forward(a.ln1_out, a.ln1_in, params.ln1w + l * C, params.ln1b + l * C, N_local, C);
+    norm_forward(a.ln1_out, a.ln1_in, params.ln1w + l * C, params.ln1b + l * C);
     linears_->column_forward("qkv", a.qkv, a.ln1_out, w.gathered, weights.qkvw + int64_t(l) * 3 * Ct * C,
                              weights.qkvb + l * 3 * Ct, C, 3 * Ct);
     attention_forward(l, draw, p);
     Act* y = linears_->row_forward("attention proj", a.attn_out, w.partial, w.branch,
                                    weights.attprojw + int64_t(l) * C * Ct, Ct, C);
-    bias_forward(y, params.attprojb + l * C, N_local, C);
-    dropout_forward(y, a.proj_dropout_mask, y, token_positions, p, key(DropoutSite::attention_proj));
-    residual_forward(a.ln2_in, a.ln1_in, y, int64_t(N_local) * C);
+    branch_forward(a.ln2_in, a.ln1_in, y, params.attprojb + l * C, a.proj_dropout_mask, token_positions, p,
+                   key(DropoutSite::attention_proj));
 
     // MLP half: block_out = ln2_in + dropout(ḡ(fc2(gelu(fc1(g(ln2(ln2_in)))))) + bias)
-    layernorm_forward(a.ln2_out, a.ln2_in, params.ln2w + l * C, params.ln2b + l * C, N_local, C);
+    norm_forward(a.ln2_out, a.ln2_in, params.ln2w + l * C, params.ln2b + l * C);
     linears_->column_forward("fc1 + gelu", a.gelu_out, a.ln2_out, w.gathered, weights.fcw + int64_t(l) * hidden * C,
                              weights.fcb + l * hidden, C, hidden, a.gelu_in);
     y = linears_->row_forward("fc2", a.gelu_out, w.partial, w.branch, weights.fcprojw + int64_t(l) * C * hidden,
                               hidden, C);
-    bias_forward(y, params.fcprojb + l * C, N_local, C);
-    dropout_forward(y, a.fc2_dropout_mask, y, token_positions, p, key(DropoutSite::mlp_fc2));
-    residual_forward(block_out, a.ln2_in, y, int64_t(N_local) * C);
+    branch_forward(block_out, a.ln2_in, y, params.fcprojb + l * C, a.fc2_dropout_mask, token_positions, p,
+                   key(DropoutSite::mlp_fc2));
 }
 
 // Final LayerNorm, the column-parallel LM head and the vocabulary-parallel
 // cross-entropy: the full logits never exist on one rank.
 template <class Backend>
 void GPTModel<Backend>::classifier_forward() {
-    const int C = config.channels, N = shape.seq_len * shape.batch, N_local = local_seq() * shape.batch;
+    const int C = config.channels, N = shape.seq_len * shape.batch;
     const int Vp_local = config.padded_vocab_size / tp.size, vocab_start = tp.rank * Vp_local;
     const int V_real = std::max(0, std::min(Vp_local, config.vocab_size - vocab_start));
-    layernorm_forward(outside.lnf_out, outside.lnf_in, params.lnfw, params.lnfb, N_local, C);
+    norm_forward(outside.lnf_out, outside.lnf_in, params.lnfw, params.lnfb);
     linears_->column_forward("lm head", outside.logits, outside.lnf_out, workspace.gathered, weights.wte,
                              static_cast<const Act*>(nullptr), C, Vp_local);
 
     float* maxes = workspace.vocab_stats;
     float* stats = workspace.vocab_stats + N;  // Σ exp [N], then the target logit [N]
-    crossentropy_max_forward(maxes, outside.logits, N, V_real, Vp_local);
+    {
+        ComputeSpan span(group_->tracer, "cross-entropy");
+        crossentropy_max_forward(maxes, outside.logits, N, V_real, Vp_local);
+    }
     group_->all_reduce_max(maxes, size_t(N));
-    crossentropy_sum_forward(stats, outside.logits, maxes, tokens.row_targets, vocab_start, N, V_real, Vp_local);
+    {
+        ComputeSpan span(group_->tracer, "cross-entropy");
+        crossentropy_sum_forward(stats, outside.logits, maxes, tokens.row_targets, vocab_start, N, V_real,
+                                 Vp_local);
+    }
     group_->all_reduce_sum(stats, size_t(2) * N);
+    ComputeSpan span(group_->tracer, "cross-entropy");
     Backend::finish_losses(outside.losses, outside.lse, maxes, stats, N);
 }
 
@@ -343,12 +369,18 @@ float GPTModel<Backend>::forward(const int* inputs, const int* targets, const Dr
     // vocabulary-parallel embedding: each rank looks up the tokens it holds,
     // ḡ sums them (into this rank's sequence shard); then positions and dropout
     Workspace<Act>& w = workspace;
-    token_embedding_forward(w.partial, tokens.inputs, params.wte, tp.rank * Vp_local, Vp_local, B, T, C);
+    {
+        ComputeSpan span(group_->tracer, "embeddings");
+        token_embedding_forward(w.partial, tokens.inputs, params.wte, tp.rank * Vp_local, Vp_local, B, T, C);
+    }
     Act* x = mappings_.gbar_forward(w.partial, w.branch, size_t(N) * C);
-    position_embedding_forward(x, params.wpe, seq_start(), local_seq(), B, C);
-    dropout_forward(blocks[0].ln1_in, outside.embedding_dropout_mask, x,
-                    token_box(local_seq(), B, T, C, seq_start(), draw.batch_offset), p,
-                    {draw.seed, draw.step, 0, DropoutSite::embedding});
+    {
+        ComputeSpan span(group_->tracer, "embeddings");
+        position_embedding_forward(x, params.wpe, seq_start(), local_seq(), B, C);
+        dropout_forward(blocks[0].ln1_in, outside.embedding_dropout_mask, x,
+                        token_box(local_seq(), B, T, C, seq_start(), draw.batch_offset), p,
+                        {draw.seed, draw.step, 0, DropoutSite::embedding});
+    }
     for (int l = 0; l < L; l++) block_forward(l, l + 1 < L ? blocks[l + 1].ln1_in : outside.lnf_in, draw, p);
     classifier_forward();
     return Backend::mean_loss(outside.losses, N);
@@ -357,39 +389,52 @@ float GPTModel<Backend>::forward(const int* inputs, const int* targets, const Dr
 // ----------------------------------------------------------------------------
 // backward
 
+// The branch's gradient into workspace.branch from the residual stream's
+// gradient in workspace.stream_grad (the residual passes it on unchanged).
+template <class Backend>
+void GPTModel<Backend>::branch_backward(float* dbias, const uint8_t* mask) {
+    const int N_local = local_seq() * shape.batch, C = config.channels;
+    ComputeSpan span(group_->tracer, "dropout, bias backward");
+    dropout_backward(workspace.branch, mask, workspace.stream_grad, int64_t(N_local) * C, shape.dropout);
+    bias_backward(dbias, workspace.branch, N_local, C);
+}
+
+// LayerNorm's input gradient added into workspace.stream_grad (the residual's share is there already).
+template <class Backend>
+void GPTModel<Backend>::norm_backward(float* dweight, float* dbias, const Act* dout, const Act* inp,
+                                      const float* weight) {
+    ComputeSpan span(group_->tracer, "layernorm backward");
+    layernorm_backward(workspace.stream_grad, dweight, dbias, dout, inp, weight, workspace.ln_stats,
+                       local_seq() * shape.batch, config.channels);
+}
+
 // On entry workspace.stream_grad holds dL/d(block output); on exit dL/d(block input).
 template <class Backend>
 void GPTModel<Backend>::block_backward(int l) {
-    const int B = shape.batch, C = config.channels, t = tp.size;
+    const int C = config.channels, t = tp.size;
     const int Ct = C / t, hidden = 4 * C / t;
-    const int N_local = local_seq() * B;
-    const float p = shape.dropout;
     const BlockActivations<Act>& a = blocks[l];
     Workspace<Act>& w = workspace;
 
     // MLP half
-    dropout_backward(w.branch, a.fc2_dropout_mask, w.stream_grad, int64_t(N_local) * C, p);
-    bias_backward(grads.fcprojb + l * C, w.branch, N_local, C);
+    branch_backward(grads.fcprojb + l * C, a.fc2_dropout_mask);
     linears_->row_backward("fc2 + gelu backward", w.wide_grad, w.branch, w.gathered, a.gelu_out,
                            weights.fcprojw + int64_t(l) * C * hidden, grads.fcprojw + int64_t(l) * C * hidden, hidden,
                            C, a.gelu_in);
     const Act* dln = linears_->column_backward("fc1 backward", w.wide_grad, a.ln2_out, w.gathered, w.partial,
                                                w.local_grad, weights.fcw + int64_t(l) * hidden * C,
                                                grads.fcw + int64_t(l) * hidden * C, grads.fcb + l * hidden, C, hidden);
-    layernorm_backward(w.stream_grad, grads.ln2w + l * C, grads.ln2b + l * C, dln, a.ln2_in, params.ln2w + l * C,
-                       w.ln_stats, N_local, C);
+    norm_backward(grads.ln2w + l * C, grads.ln2b + l * C, dln, a.ln2_in, params.ln2w + l * C);
 
     // attention half
-    dropout_backward(w.branch, a.proj_dropout_mask, w.stream_grad, int64_t(N_local) * C, p);
-    bias_backward(grads.attprojb + l * C, w.branch, N_local, C);
+    branch_backward(grads.attprojb + l * C, a.proj_dropout_mask);
     linears_->row_backward("attention proj backward", w.attn_grad, w.branch, w.gathered, a.attn_out,
                            weights.attprojw + int64_t(l) * C * Ct, grads.attprojw + int64_t(l) * C * Ct, Ct, C);
     attention_backward(l);
     dln = linears_->column_backward("qkv backward", w.wide_grad, a.ln1_out, w.gathered, w.partial, w.local_grad,
                                     weights.qkvw + int64_t(l) * 3 * Ct * C, grads.qkvw + int64_t(l) * 3 * Ct * C,
                                     grads.qkvb + l * 3 * Ct, C, 3 * Ct);
-    layernorm_backward(w.stream_grad, grads.ln1w + l * C, grads.ln1b + l * C, dln, a.ln1_in, params.ln1w + l * C,
-                       w.ln_stats, N_local, C);
+    norm_backward(grads.ln1w + l * C, grads.ln1b + l * C, dln, a.ln1_in, params.ln1w + l * C);
 }
 
 // Leaves dL/d(lnf_in) in workspace.stream_grad.
@@ -399,13 +444,15 @@ void GPTModel<Backend>::classifier_backward(float dloss_scale) {
     const int Vp_local = config.padded_vocab_size / tp.size, vocab_start = tp.rank * Vp_local;
     const int V_real = std::max(0, std::min(Vp_local, config.vocab_size - vocab_start));
     Workspace<Act>& w = workspace;
-    crossentropy_backward(outside.logits, outside.lse, tokens.row_targets, vocab_start, dloss_scale, N, V_real,
-                          Vp_local);
+    {
+        ComputeSpan span(group_->tracer, "cross-entropy backward");
+        crossentropy_backward(outside.logits, outside.lse, tokens.row_targets, vocab_start, dloss_scale, N, V_real,
+                              Vp_local);
+    }
     const Act* dln = linears_->column_backward("lm head backward", outside.logits, outside.lnf_out, w.gathered,
                                                w.partial, w.local_grad, weights.wte, grads.wte, nullptr, C, Vp_local);
     Backend::zero(w.stream_grad, sizeof(Act) * N_local * C);
-    layernorm_backward(w.stream_grad, grads.lnfw, grads.lnfb, dln, outside.lnf_in, params.lnfw, w.ln_stats, N_local,
-                       C);
+    norm_backward(grads.lnfw, grads.lnfb, dln, outside.lnf_in, params.lnfw);
 }
 
 template <class Backend>
@@ -415,9 +462,14 @@ void GPTModel<Backend>::backward(float dloss_scale) {
     Workspace<Act>& w = workspace;
     classifier_backward(dloss_scale);
     for (int l = L - 1; l >= 0; l--) block_backward(l);
-    dropout_backward(w.branch, outside.embedding_dropout_mask, w.stream_grad, int64_t(N_local) * C, shape.dropout);
-    position_embedding_backward(grads.wpe, w.branch, seq_start(), local_seq(), B, C);
+    {
+        ComputeSpan span(group_->tracer, "embeddings backward");
+        dropout_backward(w.branch, outside.embedding_dropout_mask, w.stream_grad, int64_t(N_local) * C,
+                         shape.dropout);
+        position_embedding_backward(grads.wpe, w.branch, seq_start(), local_seq(), B, C);
+    }
     const Act* demb = mappings_.gbar_backward(static_cast<const Act*>(w.branch), w.gathered, size_t(N) * C);
+    ComputeSpan span(group_->tracer, "embeddings backward");
     token_embedding_backward(grads.wte, demb, tokens.inputs, tp.rank * Vp_local, Vp_local, B, T, C);
 }
 

@@ -2,6 +2,7 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <ctime>
 
@@ -20,6 +21,18 @@ void Tracer::enable(size_t capacity) {
 
 void Tracer::record(const char* name, Track track, double start, double end) {
     if (enabled_ && events_.size() < events_.capacity()) events_.push_back({name, track, start, end});
+}
+
+std::vector<std::pair<std::string, double>> Tracer::compute_seconds_by_name() const {
+    std::vector<std::pair<std::string, double>> totals;
+    for (const Event& e : events_) {
+        if (e.track != Track::compute) continue;
+        auto same = [&](const auto& total) { return total.first == e.name; };
+        auto found = std::find_if(totals.begin(), totals.end(), same);
+        if (found == totals.end()) found = totals.insert(totals.end(), {e.name, 0.0});
+        found->second += e.end - e.start;
+    }
+    return totals;
 }
 
 bool Tracer::write(const std::string& path, int rank, void* comm_ptr) const {

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace tpsp {
@@ -24,6 +25,14 @@ public:
     // Collective over `comm` (an MPI_Comm* of every rank): rank 0 writes PATH
     // with every rank's events; false if it could not.
     bool write(const std::string& path, int rank, void* comm) const;
+    // Seconds spent in each compute span name, in order of first appearance.
+    std::vector<std::pair<std::string, double>> compute_seconds_by_name() const;
+
+    // Called at both ends of every compute span while enabled: the backend's
+    // synchronize, so that on a GPU, whose kernels run after they are
+    // launched, a span times its kernels and not only their launches (the
+    // traced steps run slower for it). Nothing to wait for on the CPU.
+    void (*fence)() = nullptr;
 
 private:
     struct Event {
@@ -36,14 +45,20 @@ private:
 };
 
 // A span of compute on a trace, from construction to destruction; nothing
-// when there is no tracer.
+// when there is no tracer or it is not enabled.
 class ComputeSpan {
 public:
-    ComputeSpan(Tracer* tracer, const char* name) : tracer_(tracer), name_(name), start_(now_seconds()) {}
+    ComputeSpan(Tracer* tracer, const char* name)
+        : tracer_(tracer && tracer->enabled() ? tracer : nullptr), name_(name) {
+        if (tracer_ && tracer_->fence) tracer_->fence();
+        start_ = now_seconds();
+    }
     ComputeSpan(const ComputeSpan&) = delete;
     ComputeSpan& operator=(const ComputeSpan&) = delete;
     ~ComputeSpan() {
-        if (tracer_) tracer_->record(name_, Track::compute, start_, now_seconds());
+        if (!tracer_) return;
+        if (tracer_->fence) tracer_->fence();
+        tracer_->record(name_, Track::compute, start_, now_seconds());
     }
 
 private:

@@ -6,7 +6,7 @@
 #   3. runs the GPU tests: every kernel against its CPU twin, the model against the CPU model
 #   4. trains configs/tiny.yaml for 200 steps on the GPU (data/kjv, carried), then 100 with cuDNN's attention
 #   5. benchmarks GPT-2 124M at B = 16, T = 1024, explicit and cuDNN attention: tokens/s, MFU against the
-#      bf16 peak, activation bytes
+#      bf16 peak, activation bytes, and the time of each part of a step (--breakdown)
 # The log goes to stdout and to $OUT/gpu_check.log (OUT: the device tool's folder; /tmp otherwise).
 # Every step has its own time limit, so that one that hangs leaves time for the rest.
 set -euo pipefail
@@ -54,13 +54,13 @@ timeout 120 build-gpu/tpsp train configs/tiny.yaml train.device=cuda model.atten
 
 step "benchmark: GPT-2 124M, B = 16, T = 1024"
 timeout 120 build-gpu/tpsp bench configs/gpt2_124m.yaml train.device=cuda train.batch_size=16 train.seq_len=1024 \
-  model.dropout=0 --steps 10 || echo "BENCHMARK FAILED"
+  model.dropout=0 --steps 10 --breakdown || echo "BENCHMARK FAILED"
 build-gpu/tpsp memory configs/gpt2_124m.yaml train.device=cuda train.batch_size=16 train.seq_len=1024 |
   grep -E "^model:|formula per block|table per block|saved activations:"
 
 step "benchmark: the same with cuDNN's fused attention"
 timeout 120 build-gpu/tpsp bench configs/gpt2_124m.yaml train.device=cuda train.batch_size=16 \
-  train.seq_len=1024 model.dropout=0 model.attention=cudnn --steps 10 || echo "CUDNN BENCHMARK FAILED"
+  train.seq_len=1024 model.dropout=0 model.attention=cudnn --steps 10 --breakdown || echo "CUDNN BENCHMARK FAILED"
 build-gpu/tpsp memory configs/gpt2_124m.yaml train.device=cuda train.batch_size=16 train.seq_len=1024 \
   model.attention=cudnn | grep -E "formula per block|table per block|saved activations:"
 step "done"

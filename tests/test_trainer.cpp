@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -458,6 +459,37 @@ TEST(TensorParallelTraining, ALayoutThatDoesNotFitIsOneLineFromRankZero) {
     r = run(mpirun(2) + tiny_train(dir, short_run + "parallel.tp=2 model.heads=3 model.channels=96"), dir);
     EXPECT_NE(r.exit_code, 0);
     EXPECT_NE(r.err.find("parallel.tp: 2 does not divide model.heads = 3"), std::string::npos) << r.err;
+}
+
+// `tpsp bench --breakdown`: a row for every part of the model, and rows that
+// add up to the step (spans that overlapped or nested would count twice and
+// make the uncovered remainder negative).
+TEST(Bench, TheBreakdownNamesEveryPartAndAddsUpToTheStep) {
+    fs::path dir = scratch_dir();
+    Outcome r = run(tpsp_binary + " bench " + tiny +
+                        " train.batch_size=4 train.seq_len=64 train.threads=2 model.dropout=0.1 --steps 1 --breakdown",
+                    dir);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(r.out, m, std::regex("breakdown of one forward\\+backward, ([0-9.]+) ms")))
+        << r.out;
+    const double step_ms = std::stod(m[1]);
+    std::map<std::string, double> rows;
+    std::regex row("\n  (\\S.*\\S) +(-?[0-9.]+) ms +-?[0-9.]+%");
+    for (auto it = std::sregex_iterator(r.out.begin(), r.out.end(), row); it != std::sregex_iterator(); ++it)
+        rows[(*it)[1]] = std::stod((*it)[2]);
+    double sum = 0.0;
+    for (const auto& [name, ms] : rows) sum += ms;
+    EXPECT_NEAR(sum, step_ms, 0.001 * double(rows.size()) + 1e-9) << r.out;
+    for (const char* part : {"zero gradients", "embeddings", "layernorm", "qkv", "attention", "attention proj",
+                             "bias, dropout, residual", "fc1 + gelu", "fc2", "lm head", "cross-entropy",
+                             "cross-entropy backward", "lm head backward", "layernorm backward",
+                             "dropout, bias backward", "fc2 + gelu backward", "fc1 backward",
+                             "attention proj backward", "attention backward", "qkv backward", "embeddings backward",
+                             "(outside every span)"}) {
+        ASSERT_EQ(rows.count(part), 1u) << "no row for " << part << "\n" << r.out;
+        EXPECT_GE(rows[part], 0.0) << part << "\n" << r.out;
+    }
 }
 
 // ----------------------------------------------------------------------------

@@ -5,16 +5,37 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "model/gpt.h"
+#include "parallel/trace.h"
 
 namespace tpsp {
 
 struct BenchOptions {
     int steps = 5;
     int warmup = 2;
+    bool breakdown = false;  // --breakdown: one more step, timed span by span
 };
+
+// One forward+backward's time per span name (layernorm, each linear,
+// attention, ...), from a step whose every span waits for the device at
+// both ends (Tracer::fence): the rows add up to that step, less the part no
+// span covers. Printed by `tpsp bench --breakdown`.
+inline void print_breakdown(const Tracer& tracer, double step_seconds) {
+    const std::vector<std::pair<std::string, double>> spans = tracer.compute_seconds_by_name();
+    double covered = 0.0;
+    for (const auto& [name, seconds] : spans) covered += seconds;
+    std::printf("breakdown of one forward+backward, %.3f ms with a wait at every span's ends:\n",
+                step_seconds * 1e3);
+    auto row = [&](const std::string& name, double seconds) {
+        std::printf("  %-28s %9.3f ms %6.1f%%\n", name.c_str(), seconds * 1e3, 100.0 * seconds / step_seconds);
+    };
+    for (const auto& [name, seconds] : spans) row(name, seconds);
+    row("(outside every span)", step_seconds - covered);
+}
 
 // Times forward+backward of the model on random tokens and prints ms,
 // tokens/s, MFU against the backend's peak (measured in the same run on the
@@ -26,7 +47,8 @@ void run_benchmark(const GPTConfig& config, const RunShape& shape, const BenchOp
         return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     };
     typename Backend::Runtime runtime(0);
-    GPTModel<Backend> model(config, shape);
+    typename Backend::Comm group;  // a group of one, which carries the breakdown's tracer
+    GPTModel<Backend> model(config, shape, {}, &group);
     model.init_random(1);
     const int N = shape.batch * shape.seq_len;
     std::vector<int> inputs(size_t(N) + 1);
@@ -37,15 +59,19 @@ void run_benchmark(const GPTConfig& config, const RunShape& shape, const BenchOp
     }
     const int* targets = inputs.data() + 1;
 
-    double peak = Backend::peak_flops();
-    std::vector<double> times;
-    for (int i = 0; i < options.warmup + options.steps; i++) {
+    auto step = [&](int i) {
         auto start = std::chrono::steady_clock::now();
         model.zero_grad();
         model.forward(inputs.data(), targets, {1, uint32_t(i), 0});
         model.backward(1.0f / N);
         Backend::synchronize();
-        if (i >= options.warmup) times.push_back(seconds_since(start));
+        return seconds_since(start);
+    };
+    double peak = Backend::peak_flops();
+    std::vector<double> times;
+    for (int i = 0; i < options.warmup + options.steps; i++) {
+        const double seconds = step(i);
+        if (i >= options.warmup) times.push_back(seconds);
     }
     // the CPU is shared: take the best sgemm rate seen before and after
     peak = std::max(peak, Backend::peak_flops());
@@ -60,6 +86,14 @@ void run_benchmark(const GPTConfig& config, const RunShape& shape, const BenchOp
                 shape.batch, shape.seq_len, shape.dropout, attention, omp_get_max_threads(), model.num_parameters / 1e6,
                 Backend::peak_flops_name(), peak / 1e9, median * 1e3, options.steps, times.front() * 1e3, N / median,
                 flops / median / 1e9, 100.0 * flops / median / peak, model.activation_arena.bytes() / 1048576.0);
+    if (!options.breakdown) return;
+    Tracer tracer;
+    tracer.enable(size_t(100000));
+    tracer.fence = Backend::synchronize;
+    group.tracer = &tracer;
+    const double seconds = step(options.warmup + options.steps);
+    group.tracer = nullptr;
+    print_breakdown(tracer, seconds);
 }
 
 }  // namespace tpsp

@@ -3,7 +3,7 @@
 //   tpsp train   CONFIG.yaml [section.key=value ...]
 //   tpsp eval    CONFIG.yaml checkpoint.init=FILE
 //   tpsp memory  CONFIG.yaml [section.key=value ...]
-//   tpsp bench   CONFIG.yaml [section.key=value ...] [--steps N]
+//   tpsp bench   CONFIG.yaml [section.key=value ...] [--steps N] [--breakdown]
 //   tpsp prepare --tokenizer byte|gpt2 INPUT... OUT_DIR [options]
 //   tpsp sample  CHECKPOINT [--prompt TEXT] [--tokens N] ...
 //   tpsp config-reference
@@ -38,8 +38,9 @@ static const char* usage =
     "  tpsp train   CONFIG.yaml [section.key=value ...]   train as the config says\n"
     "  tpsp eval    CONFIG.yaml checkpoint.init=FILE      validation loss of a checkpoint\n"
     "  tpsp memory  CONFIG.yaml [section.key=value ...]   print the activation table and its formula\n"
-    "  tpsp bench   CONFIG.yaml [section.key=value ...] [--steps N]\n"
-    "                                                     time forward+backward: ms, tokens/s, MFU\n"
+    "  tpsp bench   CONFIG.yaml [section.key=value ...] [--steps N] [--breakdown]\n"
+    "                                                     time forward+backward: ms, tokens/s, MFU;\n"
+    "                                                     --breakdown: and the time of each part\n"
     "  tpsp prepare --tokenizer byte|gpt2 INPUT... OUT_DIR [--val-fraction F] [--shard-tokens N]\n"
     "               [--tokenizer-dir DIR]                 text -> llm.c token shards\n"
     "  tpsp sample  CHECKPOINT [--prompt TEXT] [--tokens N] [--temperature T] [--top-k K] [--seed S]\n"
@@ -57,7 +58,9 @@ static ConfigArgs parse_config_args(int argc, char** argv, int first) {
     ConfigArgs args;
     for (int i = first; i < argc; i++) {
         std::string a = argv[i];
-        if (a.rfind("--", 0) == 0) {
+        if (a == "--breakdown") {  // the one option without a value
+            args.flags.push_back({a, ""});
+        } else if (a.rfind("--", 0) == 0) {
             if (i + 1 >= argc) throw ConfigError("option " + a + " needs a value");
             args.flags.push_back({a, argv[++i]});
         } else if (a.find('=') != std::string::npos) {
@@ -132,6 +135,7 @@ static int command_bench(const ConfigArgs& args) {
     BenchOptions options;
     for (const auto& [flag, value] : args.flags) {
         if (flag == "--steps") options.steps = std::max(1, std::atoi(value.c_str()));
+        else if (flag == "--breakdown") options.breakdown = true;
         else throw ConfigError("tpsp bench: unknown option " + flag);
     }
     if (cfg.train.threads > 0) omp_set_num_threads(cfg.train.threads);

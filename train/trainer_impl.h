@@ -233,6 +233,7 @@ int train_on(const Config& cfg) {
         tp_comm->link = {cfg.parallel.emulated_link_gbps, cfg.parallel.emulated_link_latency_us};
         if (!cfg.logging.trace.empty()) {
             tracer.enable(size_t(200000));
+            tracer.fence = Backend::synchronize;  // on a GPU the spans then time the kernels, not their launches
             tp_comm->tracer = &tracer;
         }
         model_owner = std::make_unique<GPTModel<Backend>>(gc, shape, tp, tp_comm.get());
