@@ -285,15 +285,12 @@ void GPTModel<Backend>::norm_forward(Act* out, const Act* inp, const float* weig
     layernorm_forward(out, inp, weight, bias, local_seq() * shape.batch, config.channels);
 }
 
-// A residual branch's end: out = residual + dropout(y + bias), y in place.
+// A residual branch's end: out = residual + dropout(y + bias); y is scratch.
 template <class Backend>
 void GPTModel<Backend>::branch_forward(Act* out, const Act* residual, Act* y, const float* bias, uint8_t* mask,
                                        const DropoutBox& box, float p, const DropoutKey& key) {
-    const int N_local = local_seq() * shape.batch, C = config.channels;
     ComputeSpan span(group_->tracer, "bias, dropout, residual");
-    bias_forward(y, bias, N_local, C);
-    dropout_forward(y, mask, y, box, p, key);
-    residual_forward(out, residual, y, int64_t(N_local) * C);
+    bias_dropout_residual_forward(out, mask, y, residual, bias, box, p, key);
 }
 
 template <class Backend>

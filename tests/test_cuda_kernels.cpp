@@ -123,6 +123,31 @@ TEST_F(CudaKernels, DropoutMasksAreBitIdenticalToTheCpus) {
     expect_close(host_float(d_dout), cpu_dinp, "dropout dinp");
 }
 
+// The fused end of a residual branch against the CPU's bias, dropout and
+// residual kernels, on a sequence shard offset in both coordinates.
+TEST_F(CudaKernels, BiasDropoutResidualMatchesCpu) {
+    const DropoutBox box{T / 2, B, C, C, int64_t(2 * T) * C, T / 2, 5};
+    const DropoutKey key{0x1234567890ull, 17, 3, DropoutSite::attention_proj};
+    const int64_t n = int64_t(T / 2) * B * C;
+    for (float p : {0.0f, 0.15f}) {
+        SCOPED_TRACE("dropout " + std::to_string(p));
+        auto y = random_bf16_values(n, 50), residual = random_bf16_values(n, 51), bias = random_vector(C, 52);
+        std::vector<float> cpu_y = y, cpu_out(n);
+        std::vector<uint8_t> cpu_mask(n);
+        bias_dropout_residual_forward(cpu_out.data(), cpu_mask.data(), cpu_y.data(), residual.data(), bias.data(),
+                                      box, p, key);
+
+        auto d_y = device_bf16(y), d_residual = device_bf16(residual);
+        DeviceBuffer<float> d_bias(bias);
+        DeviceBuffer<bf16> d_out(n);
+        DeviceBuffer<uint8_t> d_mask(n);
+        bias_dropout_residual_forward(d_out.data(), d_mask.data(), d_y.data(), d_residual.data(), d_bias.data(), box,
+                                      p, key);
+        EXPECT_EQ(host(d_mask), cpu_mask);
+        expect_close(host_float(d_out), cpu_out, "residual + dropout(y + bias)");
+    }
+}
+
 TEST_F(CudaKernels, LayerNormMatchesCpu) {
     const int rows = N + 3, channels = C + 5;  // not multiples of the warp
     auto inp = random_bf16_values(int64_t(rows) * channels, 3), weight = random_vector(channels, 4),

@@ -441,6 +441,14 @@ void crossentropy_backward(float* logits, const float* lse, const int* targets, 
 // ----------------------------------------------------------------------------
 // bias
 
+void bias_dropout_residual_forward(float* out, uint8_t* mask, float* y, const float* residual, const float* bias,
+                                   const DropoutBox& box, float p, const DropoutKey& key) {
+    const int N = int(box.n0 * box.n1), C = int(box.n2);
+    bias_forward(y, bias, N, C);
+    dropout_forward(y, mask, y, box, p, key);
+    residual_forward(out, residual, y, int64_t(N) * C);
+}
+
 void bias_forward(float* out, const float* bias, int N, int OC) {
 #pragma omp parallel for
     for (int n = 0; n < N; n++) {

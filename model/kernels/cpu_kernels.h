@@ -115,4 +115,11 @@ void bias_forward(float* out, const float* bias, int N, int OC);
 // dbias [OC] += Σ_rows dout [N, OC]
 void bias_backward(float* dbias, const float* dout, int N, int OC);
 
+// A residual branch's end: out = residual + dropout(y + bias), for the token
+// tensors [N, h] of `box` (N = box.n0·box.n1 rows of box.n2 = h channels).
+// y is scratch: here it is left holding dropout(y + bias), the three kernels
+// run one after the other; the GPU does all in one pass and leaves y as it was.
+void bias_dropout_residual_forward(float* out, uint8_t* mask, float* y, const float* residual, const float* bias,
+                                   const DropoutBox& box, float p, const DropoutKey& key);
+
 }  // namespace tpsp

@@ -334,6 +334,30 @@ void bias_forward(bf16* out, const float* bias, int N, int OC) {
     check_launch("bias_forward");
 }
 
+// One thread per element of [N, h]: y + bias, dropped or scaled, added to the
+// residual in fp32 and rounded once; the mask bit from the same key and
+// global index as dropout_forward's.
+__global__ void bias_dropout_residual_kernel(bf16* out, uint8_t* mask, const bf16* y, const bf16* residual,
+                                             const float* bias, DropoutBox box, float p, float scale,
+                                             DropoutKey key) {
+    int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= box.n0 * box.n1 * box.n2) return;
+    const int64_t c = i % box.n2;
+    const bool keep = p == 0.0f || dropout_uniform(key, box.row_start(i / box.n2) + uint64_t(c)) >= p;
+    mask[i] = keep;
+    const float branch = keep ? (to_float(y[i]) + bias[c]) * scale : 0.0f;
+    out[i] = to_bf16(to_float(residual[i]) + branch);
+}
+
+void bias_dropout_residual_forward(bf16* out, uint8_t* mask, bf16* y, const bf16* residual, const float* bias,
+                                   const DropoutBox& box, float p, const DropoutKey& key) {
+    const GpuContext& ctx = gpu::context();
+    const int64_t n = box.n0 * box.n1 * box.n2;
+    bias_dropout_residual_kernel<<<blocks_for(n), block_threads, 0, ctx.stream>>>(out, mask, y, residual, bias, box, p,
+                                                                                  1.0f / (1.0f - p), key);
+    check_launch("bias_dropout_residual_forward");
+}
+
 // grid (column blocks, row chunks): a thread sums one column over one chunk of rows
 constexpr int bias_rows_per_chunk = 256;
 

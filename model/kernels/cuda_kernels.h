@@ -119,6 +119,9 @@ void residual_forward(bf16* out, const bf16* inp1, const bf16* inp2, int64_t N);
 
 // out [N, OC] += bias [OC] per row
 void bias_forward(bf16* out, const float* bias, int N, int OC);
+// out = residual + dropout(y + bias) in one pass over [N, h] (cpu_kernels.h), y unchanged
+void bias_dropout_residual_forward(bf16* out, uint8_t* mask, bf16* y, const bf16* residual, const float* bias,
+                                   const DropoutBox& box, float p, const DropoutKey& key);
 // dbias [OC] += Σ_rows dout [N, OC]
 void bias_backward(float* dbias, const bf16* dout, int N, int OC);
 // dbias [width] += Σ_rows of the first `width` columns of dout [N, row_stride]
