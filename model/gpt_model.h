@@ -137,10 +137,10 @@ GPTModel<Backend>::GPTModel(const GPTConfig& c, const RunShape& r, const TensorP
     param_arena = Arena(parameter_specs, memory);
     grad_arena = Arena(parameter_table(config, tp.size, &grads), memory);
     num_parameters = int64_t(param_arena.bytes() / sizeof(float));
-    int64_t at = 0;
+    int64_t offset = 0;  // of each gradient tensor in grads
     for (const TensorSpec& p : parameter_specs) {
-        grad_norm_ranges_.push_back({at, p.elements(), parameter_is_replicated(p.name) ? 1 : 0});
-        at += p.elements();
+        grad_norm_ranges_.push_back({offset, p.elements(), parameter_is_replicated(p.name) ? 1 : 0});
+        offset += p.elements();
     }
     if constexpr (Backend::copies_gemm_weights) {
         // each bf16 copy beside the fp32 parameter of its name, for refresh_gemm_weights

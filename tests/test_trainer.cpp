@@ -198,8 +198,8 @@ TEST(Trainer, ACheckpointReloadsToTheSameLoss) {
     EXPECT_NE(eval.out.find("val loss " + val[0] + " "), std::string::npos) << eval.out << " vs " << val[0];
     // the config of a run on cuDNN's attention evaluates (on the CPU, with the explicit kernels) to the same
     Outcome cudnn_config = run(tpsp_binary + " eval " + tiny + " data.val='" + corpus +
-                                   "/val_*.bin' train.threads=2 train.device=cuda model.attention=cudnn checkpoint.init=" +
-                                   (dir / "ckpt" / "model_00000020.bin").string(),
+                                   "/val_*.bin' train.threads=2 train.device=cuda model.attention=cudnn" +
+                                   " checkpoint.init=" + (dir / "ckpt" / "model_00000020.bin").string(),
                                dir);
     ASSERT_EQ(cudnn_config.exit_code, 0) << cudnn_config.err;
     EXPECT_NE(cudnn_config.out.find("val loss " + val[0] + " "), std::string::npos) << cudnn_config.out;

@@ -22,8 +22,8 @@ struct BenchOptions {
 
 // One forward+backward's time per span name (layernorm, each linear,
 // attention, ...), from a step whose every span waits for the device at
-// both ends (Tracer::fence): the rows add up to that step, less the part no
-// span covers. Printed by `tpsp bench --breakdown`.
+// both ends (Tracer::fence); the last row is the part no span covers, so the
+// rows add up to that step. Printed by `tpsp bench --breakdown`.
 inline void print_breakdown(const Tracer& tracer, double step_seconds) {
     const std::vector<std::pair<std::string, double>> spans = tracer.compute_seconds_by_name();
     double covered = 0.0;
@@ -79,8 +79,8 @@ void run_benchmark(const GPTConfig& config, const RunShape& shape, const BenchOp
     const double median = times[times.size() / 2];
     const double flops = model_flops_per_token(config, shape.seq_len) * N;
     const char* attention = config.attention == AttentionKernel::cudnn_fused ? "cudnn" : "explicit";
-    std::printf("%-10s %s L=%d h=%d a=%d V=%d b=%d s=%d dropout=%g attention=%s threads=%d | params %.1fM | %s %.1f GFLOP/s"
-                " | fwd+bwd %.1f ms (median of %d, best %.1f) | %.0f tok/s | %.1f GFLOP/s | MFU %.1f%%"
+    std::printf("%-10s %s L=%d h=%d a=%d V=%d b=%d s=%d dropout=%g attention=%s threads=%d | params %.1fM"
+                " | %s %.1f GFLOP/s | fwd+bwd %.1f ms (median of %d, best %.1f) | %.0f tok/s | %.1f GFLOP/s | MFU %.1f%%"
                 " | activations %.1f MiB\n",
                 label, Backend::name, config.num_layers, config.channels, config.num_heads, config.vocab_size,
                 shape.batch, shape.seq_len, shape.dropout, attention, omp_get_max_threads(), model.num_parameters / 1e6,

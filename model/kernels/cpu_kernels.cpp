@@ -13,8 +13,8 @@ namespace tpsp {
 
 // exp(x) written so that `omp simd` loops vectorise it (libm's expf and tanhf
 // do not, short of -ffast-math; the clamp needs -fno-trapping-math, which
-// CMakeLists.txt sets, or GCC keeps it a branch and the loop scalar): x = k·ln2 + r with |r| ≤ ln2/2, e^r by its
-// degree-6 Taylor polynomial (relative error < 3e-7), 2^k built in the
+// CMakeLists.txt sets, or GCC keeps it a branch and the loop scalar):
+// x = k·ln2 + r with |r| ≤ ln2/2, e^r by its degree-6 Taylor polynomial (relative error < 3e-7), 2^k built in the
 // exponent bits. Inputs are clamped to [-87, 88], the range of normal floats.
 // k is rounded by adding and subtracting 1.5·2^23 (std::round and std::floor
 // would keep the loop scalar).

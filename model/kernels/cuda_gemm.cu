@@ -9,10 +9,10 @@
 // [c, r] one. So out [N, OC] = inp [N, C] @ weight [OC, C]^T is, to cuBLASLt,
 // out^T [OC, N] = (weight seen as [C, OC])^T · (inp seen as [C, N]).
 #include <compare>
-#include <cstdio>
-#include <optional>
 #include <cstdint>
+#include <cstdio>
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -215,11 +215,11 @@ static bool gelu_epilogue_fits(int OC, const void* aux) {
 void matmul_forward_gelu(bf16* out, bf16* pre_gelu, const bf16* inp, const bf16* weight, const bf16* bias, int N,
                          int C, int OC) {
     // out^T [OC, N] = gelu(pre_gelu^T), pre_gelu^T = (weight as [C, OC])^T · (inp as [C, N]) + bias
-    if (bias && gelu_epilogue_fits(OC, pre_gelu) &&
-        try_lt_matmul(true, false, OC, N, C, 1.0f, weight, C, 0, inp, C, 0, 0.0f, out, CUDA_R_16BF, OC, 0, 1,
-                      {CUBLASLT_EPILOGUE_GELU_AUX_BIAS, bias, pre_gelu}))
+    const bool fits = bias && gelu_epilogue_fits(OC, pre_gelu);
+    if (fits && try_lt_matmul(true, false, OC, N, C, 1.0f, weight, C, 0, inp, C, 0, 0.0f, out, CUDA_R_16BF, OC, 0, 1,
+                              {CUBLASLT_EPILOGUE_GELU_AUX_BIAS, bias, pre_gelu}))
         return;
-    if (bias && gelu_epilogue_fits(OC, pre_gelu)) note_unfused_gelu("GELU_AUX_BIAS");
+    if (fits) note_unfused_gelu("GELU_AUX_BIAS");
     matmul_forward(pre_gelu, inp, weight, bias, N, C, OC);
     gelu_forward(out, pre_gelu, int64_t(N) * OC);
 }
@@ -245,11 +245,11 @@ void matmul_backward_input_columns(bf16* dinp, const bf16* dout, const bf16* wei
 void matmul_backward_input_gelu(bf16* dinp, const bf16* dout, const bf16* weight, const bf16* pre_gelu, int N,
                                 int C, int OC) {
     // dinp^T [C, N] = gelu'(pre_gelu^T) ⊙ ((weight as [C, OC]) · (dout as [OC, N]))
-    if (gelu_epilogue_fits(C, pre_gelu) &&
-        try_lt_matmul(false, false, C, N, OC, 1.0f, weight, C, 0, dout, OC, 0, 0.0f, dinp, CUDA_R_16BF, C, 0, 1,
-                      {CUBLASLT_EPILOGUE_DGELU, nullptr, pre_gelu}))
+    const bool fits = gelu_epilogue_fits(C, pre_gelu);
+    if (fits && try_lt_matmul(false, false, C, N, OC, 1.0f, weight, C, 0, dout, OC, 0, 0.0f, dinp, CUDA_R_16BF, C, 0,
+                              1, {CUBLASLT_EPILOGUE_DGELU, nullptr, pre_gelu}))
         return;
-    if (gelu_epilogue_fits(C, pre_gelu)) note_unfused_gelu("DGELU");
+    if (fits) note_unfused_gelu("DGELU");
     matmul_backward_input(dinp, dout, weight, N, C, OC);
     gelu_backward(dinp, pre_gelu, dinp, int64_t(N) * C);
 }
