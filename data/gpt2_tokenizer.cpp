@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "model/checkpoint.h"
+#include "common/files.h"
 
 namespace tpsp {
 

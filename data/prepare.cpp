@@ -9,9 +9,9 @@
 #include <memory>
 #include <sstream>
 
+#include "common/files.h"
 #include "data/gpt2_tokenizer.h"
 #include "data/token_shards.h"
-#include "model/checkpoint.h"
 
 namespace tpsp {
 

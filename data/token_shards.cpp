@@ -6,7 +6,7 @@
 #include <cstring>
 #include <filesystem>
 
-#include "model/checkpoint.h"
+#include "common/files.h"
 
 namespace tpsp {
 

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "model/kernels/cpu_kernels.h"
@@ -41,6 +42,8 @@ struct CpuBackend {
         explicit Runtime(int /*local rank*/) {}
     };
     static constexpr const char* name = "cpu";
+    // the communicator of an MPI group
+    static std::unique_ptr<Comm> make_group(MPI_Comm comm) { return std::make_unique<Communicator>(comm); }
     // the GEMMs read the fp32 parameters themselves
     static constexpr bool copies_gemm_weights = false;
     // no cuDNN: attention is the explicit kernels only
@@ -56,13 +59,6 @@ struct CpuBackend {
 
     // attention_backward's scratch: one [s, s] score gradient per OpenMP thread
     static Dim attention_scratch(int64_t b, int64_t s, int64_t h, int64_t a, int64_t t);
-    // qkv [s, b, 3h/t] → out [s, b, h/t], saving S', the mask and S (cpu_kernels.h)
-    static void attention_forward(float* out, float* softmax_out, uint8_t* dropout_mask, float* dropout_out,
-                                  const float* qkv, float* scratch, int B, int T, int C, int NH, float p,
-                                  const DropoutBox& box, const DropoutKey& key);
-    static void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* softmax_out,
-                                   const uint8_t* dropout_mask, const float* dropout_out, float* scratch, int B,
-                                   int T, int C, int NH, float p);
     // after the cross-entropy's all-reduces: lse = max + log Σ, loss = lse − target logit
     static void finish_losses(float* losses, float* lse, const float* maxes, const float* stats, int N);
     // mean of losses [N], to the host

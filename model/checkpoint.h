@@ -1,19 +1,12 @@
 // llm.c's GPT-2 checkpoint: a header of 256 int32 (magic 20240326, version 3,
 // maxT, V, L, NH, C, Vp), then every parameter as fp32 in llm.c's order.
 #pragma once
-#include <cstdio>
-#include <initializer_list>
-#include <stdexcept>
 #include <string>
 
+#include "common/files.h"
 #include "model/gpt.h"
 
 namespace tpsp {
-
-// A user-caused problem with a file, worded for one line: "FILE: what is wrong".
-struct FileError : std::runtime_error {
-    using std::runtime_error::runtime_error;
-};
 
 constexpr int checkpoint_magic = 20240326;
 constexpr int checkpoint_version = 3;
@@ -32,32 +25,5 @@ void load_checkpoint(GPT& model, const std::string& path);
 // Writes the whole model's parameters `full` (llm.c order) to PATH.tmp, then
 // renames it to PATH: a crash never leaves half a file.
 void save_checkpoint(const GPTConfig& config, const float* full, const std::string& path);
-
-// The whole file; if it cannot be opened, a FileError "PATH: cannot open WHAT".
-std::string read_whole_file(const std::string& path, const std::string& what);
-
-// A file written as PATH.tmp and renamed to PATH by commit(): a crash (or an
-// error, or never committing) leaves no half-written PATH.
-class AtomicFile {
-public:
-    explicit AtomicFile(const std::string& path);
-    ~AtomicFile();  // removes PATH.tmp unless committed
-    AtomicFile(const AtomicFile&) = delete;
-    AtomicFile& operator=(const AtomicFile&) = delete;
-    void write(const void* data, size_t bytes);
-    void commit();
-
-private:
-    std::string path_, tmp_;
-    FILE* file_;
-    bool ok_ = true, committed_ = false;
-};
-
-// The parts, one after the other, through an AtomicFile.
-struct FilePart {
-    const void* data;
-    size_t bytes;
-};
-void write_file_atomically(const std::string& path, std::initializer_list<FilePart> parts);
 
 }  // namespace tpsp

@@ -5,11 +5,11 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
-
-#include "model/kernels/cuda_kernels.h"
+#include <memory>
 
 #include "model/gpt.h"
 #include "model/kernels/cuda_device.h"
+#include "model/kernels/cuda_kernels.h"
 #ifdef TPSP_WITH_CUDNN
 #include "model/kernels/cudnn_attention.h"
 #endif
@@ -26,6 +26,10 @@ struct CudaBackend {
         explicit Runtime(int local_rank);  // throws, in one line, when there is no such GPU
     };
     static constexpr const char* name = "cuda";
+    // GPUs this process can use: 0 without a driver or a device
+    static int device_count();
+    // the communicator of an MPI group, on this rank's GPU (its Runtime must be alive)
+    static std::unique_ptr<Comm> make_group(MPI_Comm comm);
     static constexpr bool copies_gemm_weights = true;
 #ifdef TPSP_WITH_CUDNN
     static constexpr bool has_fused_attention = true;  // model.attention: cudnn
@@ -43,27 +47,6 @@ struct CudaBackend {
     static void cast(bf16* out, const float* inp, int64_t n) { cast_to_bf16(out, inp, n); }
 
     static Dim attention_scratch(int64_t b, int64_t s, int64_t h, int64_t a, int64_t t);
-    static void attention_forward(bf16* out, bf16* softmax_out, uint8_t* dropout_mask, bf16* dropout_out,
-                                  const bf16* qkv, bf16* scratch, int B, int T, int C, int NH, float p,
-                                  const DropoutBox& box, const DropoutKey& key) {
-        tpsp::attention_forward(out, softmax_out, dropout_mask, dropout_out, qkv, scratch, B, T, C, NH, p, box, key);
-    }
-    static void attention_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* softmax_out,
-                                   const uint8_t* dropout_mask, const bf16* dropout_out, bf16* scratch, int B,
-                                   int T, int C, int NH, float p) {
-        tpsp::attention_backward(dqkv, dout, qkv, softmax_out, dropout_mask, dropout_out, scratch, B, T, C, NH, p);
-    }
-#ifdef TPSP_WITH_CUDNN
-    // cuDNN's fused attention (cudnn_attention.h): saves only stats [B, NH, T]
-    static void fused_attention_forward(bf16* out, float* stats, const bf16* qkv, int B, int T, int C, int NH,
-                                        float p, uint64_t seed) {
-        tpsp::fused_attention_forward(out, stats, qkv, B, T, C, NH, p, seed);
-    }
-    static void fused_attention_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* out,
-                                         const float* stats, int B, int T, int C, int NH, float p, uint64_t seed) {
-        tpsp::fused_attention_backward(dqkv, dout, qkv, out, stats, B, T, C, NH, p, seed);
-    }
-#endif
     static void finish_losses(float* losses, float* lse, const float* maxes, const float* stats, int N) {
         crossentropy_loss_forward(losses, lse, maxes, stats, N);
     }

@@ -13,25 +13,27 @@ namespace tpsp {
 // ----------------------------------------------------------------------------
 // tables
 
-std::vector<TensorSpec> parameter_table(const GPTConfig& c, int t, ParameterTensors* p) {
+std::vector<TensorSpec> parameter_table(const GPTConfig& c, int t, ParameterTensors* p,
+                                        std::vector<BlockParameters>* blocks) {
     Dim maxT{c.max_seq_len, "maxT"}, L{c.num_layers, "L"}, h{c.channels, "h"};
     Dim Vp = split_dim(c.padded_vocab_size, "Vp", t), h_t = split_dim(c.channels, "h", t);
     Dim h3_t = split_dim(3 * c.channels, "3h", t), h4_t = split_dim(4 * c.channels, "4h", t);
+    using B = BlockParameters;
     return {
         tensor("wte", {Vp, h}, &p->wte),
         tensor("wpe", {maxT, h}, &p->wpe),
-        tensor("ln1w", {L, h}, &p->ln1w),
-        tensor("ln1b", {L, h}, &p->ln1b),
-        tensor("qkvw", {L, h3_t, h}, &p->qkvw),
-        tensor("qkvb", {L, h3_t}, &p->qkvb),
-        tensor("attprojw", {L, h, h_t}, &p->attprojw),
-        tensor("attprojb", {L, h}, &p->attprojb),
-        tensor("ln2w", {L, h}, &p->ln2w),
-        tensor("ln2b", {L, h}, &p->ln2b),
-        tensor("fcw", {L, h4_t, h}, &p->fcw),
-        tensor("fcb", {L, h4_t}, &p->fcb),
-        tensor("fcprojw", {L, h, h4_t}, &p->fcprojw),
-        tensor("fcprojb", {L, h}, &p->fcprojb),
+        layered_tensor("ln1w", L, {h}, &p->ln1w, blocks, &B::ln1w),
+        layered_tensor("ln1b", L, {h}, &p->ln1b, blocks, &B::ln1b),
+        layered_tensor("qkvw", L, {h3_t, h}, &p->qkvw, blocks, &B::qkvw),
+        layered_tensor("qkvb", L, {h3_t}, &p->qkvb, blocks, &B::qkvb),
+        layered_tensor("attprojw", L, {h, h_t}, &p->attprojw, blocks, &B::attprojw),
+        layered_tensor("attprojb", L, {h}, &p->attprojb, blocks, &B::attprojb),
+        layered_tensor("ln2w", L, {h}, &p->ln2w, blocks, &B::ln2w),
+        layered_tensor("ln2b", L, {h}, &p->ln2b, blocks, &B::ln2b),
+        layered_tensor("fcw", L, {h4_t, h}, &p->fcw, blocks, &B::fcw),
+        layered_tensor("fcb", L, {h4_t}, &p->fcb, blocks, &B::fcb),
+        layered_tensor("fcprojw", L, {h, h4_t}, &p->fcprojw, blocks, &B::fcprojw),
+        layered_tensor("fcprojb", L, {h}, &p->fcprojb, blocks, &B::fcprojb),
         tensor("lnfw", {h}, &p->lnfw),
         tensor("lnfb", {h}, &p->lnfb),
     };

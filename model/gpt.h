@@ -1,6 +1,6 @@
 // GPT-2 on one rank of a tensor-parallel group: the parameter shard, the
-// saved activations of DESIGN §2 for this rank, the backward workspace, and
-// forward / backward with the g / ḡ collectives of DESIGN §3. With a group of
+// saved activations of docs/design.md §2 for this rank, the backward workspace, and
+// forward / backward with the g / ḡ collectives of docs/design.md §3. With a group of
 // one (the default) it is the plain single-rank model.
 //
 // Activations are sequence-major, [s, b, h] as in Megatron, so that a
@@ -12,58 +12,43 @@
 #include <vector>
 
 #include "model/backend.h"
+#include "model/gpt_config.h"
 #include "model/parallel_linear.h"
 #include "model/tensor_table.h"
+#include "parallel/layout.h"
 #include "parallel/mappings.h"
 
 namespace tpsp {
-
-// How attention runs: the explicit kernels that save S', the mask and S
-// (DESIGN §2's table), or cuDNN's fused kernel that saves only the softmax
-// row statistics (model.attention: cudnn; GPU only).
-enum class AttentionKernel { explicit_scores, cudnn_fused };
-
-struct GPTConfig {
-    int max_seq_len = 1024;         // maxT: rows of wpe
-    int vocab_size = 50257;         // V: real tokens
-    int padded_vocab_size = 50304;  // Vp: rows of wte, a multiple of 128 in llm.c
-    int num_layers = 12;            // L
-    int num_heads = 12;             // a
-    int channels = 768;             // h (C)
-    AttentionKernel attention = AttentionKernel::explicit_scores;
-};
-
-// The shape of one forward/backward: micro-batch b, sequence length s, and
-// the dropout probability at all four sites.
-struct RunShape {
-    int batch = 4;
-    int seq_len = 64;
-    float dropout = 0.0f;
-};
-
-// How this rank takes part in tensor parallelism.
-struct TensorParallelism {
-    int size = 1;                   // t
-    int rank = 0;
-    bool sequence_parallel = true;  // SP; false: Megatron's TP-only f / f̄
-    OverlapSettings overlap;        // which communication hides behind which GEMM
-};
 
 // llm.c's 16 parameter tensors, in llm.c's order (the checkpoint order).
 // Per rank: the column-parallel weights hold 1/t of their output rows (QKV
 // per head, so each third is split), the row-parallel weights 1/t of their
 // input columns, wte 1/t of the (padded) vocabulary; the rest is replicated.
 struct ParameterTensors {
-    float *wte, *wpe;                   // [Vp/t, C], [maxT, C]
-    float *ln1w, *ln1b;                 // [L, C]
-    float *qkvw, *qkvb;                 // [L, 3C/t, C], [L, 3C/t]
-    float *attprojw, *attprojb;         // [L, C, C/t], [L, C]
-    float *ln2w, *ln2b;                 // [L, C]
-    float *fcw, *fcb;                   // [L, 4C/t, C], [L, 4C/t]
-    float *fcprojw, *fcprojb;           // [L, C, 4C/t], [L, C]
-    float *lnfw, *lnfb;                 // [C]
+    float *wte, *wpe;                   // [Vp/t, h], [maxT, h]
+    float *ln1w, *ln1b;                 // [L, h]
+    float *qkvw, *qkvb;                 // [L, 3h/t, h], [L, 3h/t]
+    float *attprojw, *attprojb;         // [L, h, h/t], [L, h]
+    float *ln2w, *ln2b;                 // [L, h]
+    float *fcw, *fcb;                   // [L, 4h/t, h], [L, 4h/t]
+    float *fcprojw, *fcprojb;           // [L, h, 4h/t], [L, h]
+    float *lnfw, *lnfb;                 // [h]
 };
-std::vector<TensorSpec> parameter_table(const GPTConfig& config, int tp, ParameterTensors* p);
+
+// One block's slice of the per-layer tensors above (of the parameters, or of
+// their gradients).
+struct BlockParameters {
+    float *ln1w, *ln1b;         // [h]
+    float *qkvw, *qkvb;         // [3h/t, h], [3h/t]
+    float *attprojw, *attprojb; // [h, h/t], [h]
+    float *ln2w, *ln2b;         // [h]
+    float *fcw, *fcb;           // [4h/t, h], [4h/t]
+    float *fcprojw, *fcprojb;   // [h, 4h/t], [h]
+};
+
+// The table of the parameters; with `blocks`, also each block's view of them.
+std::vector<TensorSpec> parameter_table(const GPTConfig& config, int tp, ParameterTensors* p,
+                                        std::vector<BlockParameters>* blocks = nullptr);
 // The tensors AdamW decays by default: the matrices (wte, wpe and the four linear weights).
 bool parameter_is_matrix(const std::string& name);
 // The tensors every rank of a TP group holds whole (their gradients are
@@ -75,15 +60,19 @@ enum class ShardDirection { full_to_shard, shard_to_full };
 void copy_parameter_shards(const GPTConfig& config, int tp, int rank, float* full, float* shard,
                            ShardDirection direction);
 
-// The GEMMs' view of the weights, in the activation dtype: on the CPU these
-// point at the fp32 parameters themselves; on the GPU at a bf16 copy that
-// forward() refreshes from the fp32 master weights.
+// The tensors the GEMMs read, whole (where the GPU's copies live).
 template <class Act>
 struct GemmWeights {
     Act *wte, *qkvw, *qkvb, *attprojw, *fcw, *fcb, *fcprojw;
 };
 
-// What one block keeps for backward: exactly the table of DESIGN §2, in the
+// One block's slice of them.
+template <class Act>
+struct BlockGemmWeights {
+    GemmWeight<Act> qkvw, qkvb, attprojw, fcw, fcb, fcprojw;
+};
+
+// What one block keeps for backward: exactly the table of docs/design.md §2, in the
 // activation dtype (e bytes per element). s_local = s/t under SP, s without.
 template <class Act>
 struct BlockActivations {
@@ -138,7 +127,8 @@ struct TokenBuffers {
 };
 
 template <class Act>
-std::vector<TensorSpec> gemm_weight_table(const GPTConfig& config, int tp, GemmWeights<Act>* w);
+std::vector<TensorSpec> gemm_weight_table(const GPTConfig& config, int tp, GemmWeights<Act>* w,
+                                          std::vector<BlockGemmWeights<Act>>* blocks = nullptr);
 template <class Act>
 std::vector<TensorSpec> block_activation_table(const GPTConfig& config, const RunShape& shape,
                                                const TensorParallelism& tp, BlockActivations<Act>* a);
@@ -151,7 +141,7 @@ std::vector<TensorSpec> workspace_table(const GPTConfig& config, const RunShape&
                                         const Dim& attention_scratch, Workspace<Act>* w);
 std::vector<TensorSpec> token_table(const RunShape& shape, TokenBuffers* tokens);
 
-// DESIGN §2, bytes per block per rank:
+// docs/design.md §2, bytes per block per rank:
 //   TP+SP:    b·s·h·(16e + 2)/t  +  b·a·s²·(2e + 1)/t
 //   TP only:  b·s·h·(4e + 2)     +  b·s·h·12e/t  +  b·a·s²·(2e + 1)/t
 // With cuDNN's fused attention the b·a·s²·(2e + 1)/t term is 4·b·a·s/t (fp32 row statistics).
@@ -204,8 +194,10 @@ public:
     TensorParallelism tp;
     std::vector<TensorSpec> parameter_specs;  // names and shapes of this rank's shard, llm.c order
     int64_t num_parameters = 0;               // of this rank's shard
-    ParameterTensors params{}, grads{};       // fp32, in the backend's memory
-    GemmWeights<Act> weights{};
+    ParameterTensors params{}, grads{};       // fp32 masters and their gradients, in the backend's memory
+    std::vector<BlockParameters> block_params, block_grads;  // each block's slice of them
+    GemmWeights<Act> weights{};               // what the GEMMs read (the GPU's bf16 copies; params on the CPU)
+    std::vector<BlockGemmWeights<Act>> block_weights;        // each block's slice of them
     std::vector<BlockActivations<Act>> blocks;
     OutsideActivations<Act> outside{};
     Workspace<Act> workspace{};
@@ -220,19 +212,21 @@ private:
     void branch_backward(float* dbias, const uint8_t* mask);
     void norm_backward(float* dweight, float* dbias, const Act* dout, const Act* inp, const float* weight);
     void block_forward(int layer, Act* block_out, const DropoutStep& draw, float p);
-    void attention_forward(int layer, const DropoutStep& draw, float p);
-    void attention_backward(int layer);
+    void self_attention_forward(int layer, const DropoutStep& draw, float p);
+    void self_attention_backward(int layer);
     void block_backward(int layer);
     void classifier_forward();
     void classifier_backward(float dloss_scale);
-    int local_seq() const;   // s/t under SP, s without
-    int seq_start() const;   // first position of this rank's sequence shard
+    int local_seq() const { return tp.local_seq(shape.seq_len); }  // s/t under SP, s without
+    int seq_start() const { return tp.seq_start(shape.seq_len); }  // first position of this rank's shard
+    float* parameter(const std::string& name) const;  // the fp32 tensor of that name
     Comm single_rank_group_;
     Comm* group_;
     TensorParallelMappings<Comm> mappings_;
     std::unique_ptr<ParallelLinears<Comm, Act>> linears_;
     std::vector<int> host_row_targets_;  // [s, b], staged for the upload
-    DropoutStep last_draw_;              // the last forward's: cuDNN's attention redraws its masks from it
+    DropoutStep last_draw_;              // the last forward's draw and dropout probability, for backward
+    float last_dropout_ = 0.0f;
     struct GemmWeightCopy {
         Act* copy;             // in weight_arena
         const float* master;   // in param_arena

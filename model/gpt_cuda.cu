@@ -1,14 +1,11 @@
 // The CUDA model: gpt_model.h instantiated on CudaBackend, and the backend's
-// memory operations. cuda_kernels.h comes first so that the model templates
-// see the bf16 kernel overloads (gpt_model.h).
-#include "model/kernels/cuda_kernels.h"
-
-#include "model/cuda_backend.h"
-#include "model/gpt_model.h"
-
+// memory operations.
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "model/cuda_backend.h"
+#include "model/gpt_model.h"
 
 namespace tpsp {
 
@@ -114,6 +111,12 @@ float CudaBackend::mean_loss(const float* losses, int N) {
 }
 
 CudaBackend::Runtime::Runtime(int local_rank) : gpu::GpuRuntime(checked_device(local_rank)) {}
+
+int CudaBackend::device_count() { return gpu::cuda_device_count(); }
+
+std::unique_ptr<NcclCommunicator> CudaBackend::make_group(MPI_Comm comm) {
+    return std::make_unique<NcclCommunicator>(comm, gpu::context().stream);
+}
 
 __global__ void adamw_kernel(float* params, const float* grads, float* m, float* v, int64_t n, float weight_decay,
                              AdamWStep s) {

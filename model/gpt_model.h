@@ -1,9 +1,7 @@
 // The GPT's tables, forward and backward, written once for both backends
 // (gpt.h declares them). Kernels are called by name: the CPU ones
 // (cpu_kernels.h) take fp32 activations, the CUDA ones (cuda_kernels.h)
-// bf16, and overloading picks. A translation unit that instantiates the CUDA
-// model includes cuda_kernels.h before this file, so that both sets of
-// overloads are in view where the templates are defined.
+// bf16, and overloading picks (model/kernels/kernels.h says which are in view).
 //
 // Included by gpt.cpp (the CPU model), gpt_cuda.cu (the CUDA model) and
 // memory_report.cpp (the tables, for either dtype).
@@ -14,7 +12,7 @@
 #include <vector>
 
 #include "model/gpt.h"
-#include "model/kernels/cpu_kernels.h"
+#include "model/kernels/kernels.h"
 
 namespace tpsp {
 
@@ -27,15 +25,20 @@ inline Dim split_dim(int64_t full, const std::string& symbol, int t) {
 }
 
 template <class Act>
-std::vector<TensorSpec> gemm_weight_table(const GPTConfig& c, int t, GemmWeights<Act>* w) {
+std::vector<TensorSpec> gemm_weight_table(const GPTConfig& c, int t, GemmWeights<Act>* w,
+                                          std::vector<BlockGemmWeights<Act>>* blocks) {
     Dim L{c.num_layers, "L"}, h{c.channels, "h"};
     Dim Vp = split_dim(c.padded_vocab_size, "Vp", t), h_t = split_dim(c.channels, "h", t);
     Dim h3_t = split_dim(3 * c.channels, "3h", t), h4_t = split_dim(4 * c.channels, "4h", t);
+    using B = BlockGemmWeights<Act>;
     return {
-        tensor("wte", {Vp, h}, &w->wte),          tensor("qkvw", {L, h3_t, h}, &w->qkvw),
-        tensor("qkvb", {L, h3_t}, &w->qkvb),      tensor("attprojw", {L, h, h_t}, &w->attprojw),
-        tensor("fcw", {L, h4_t, h}, &w->fcw),     tensor("fcb", {L, h4_t}, &w->fcb),
-        tensor("fcprojw", {L, h, h4_t}, &w->fcprojw),
+        tensor("wte", {Vp, h}, &w->wte),
+        layered_tensor("qkvw", L, {h3_t, h}, &w->qkvw, blocks, &B::qkvw),
+        layered_tensor("qkvb", L, {h3_t}, &w->qkvb, blocks, &B::qkvb),
+        layered_tensor("attprojw", L, {h, h_t}, &w->attprojw, blocks, &B::attprojw),
+        layered_tensor("fcw", L, {h4_t, h}, &w->fcw, blocks, &B::fcw),
+        layered_tensor("fcb", L, {h4_t}, &w->fcb, blocks, &B::fcb),
+        layered_tensor("fcprojw", L, {h, h4_t}, &w->fcprojw, blocks, &B::fcprojw),
     };
 }
 
@@ -44,7 +47,7 @@ std::vector<TensorSpec> block_activation_table(const GPTConfig& c, const RunShap
                                                BlockActivations<Act>* a) {
     const int t = tp.size;
     Dim b{r.batch, "b"}, s{r.seq_len, "s"}, h{c.channels, "h"};
-    Dim s_local = tp.sequence_parallel ? split_dim(r.seq_len, "s", t) : s;
+    Dim s_local = tp.sequence_parallel ? split_dim(r.seq_len, "s", t) : s;  // tp.local_seq, named
     Dim heads = split_dim(c.num_heads, "a", t), h_t = split_dim(c.channels, "h", t);
     Dim h3_t = split_dim(3 * c.channels, "3h", t), h4_t = split_dim(4 * c.channels, "4h", t);
     std::vector<TensorSpec> table = {
@@ -101,7 +104,7 @@ std::vector<TensorSpec> workspace_table(const GPTConfig& c, const RunShape& r, c
     const int t = tp.size;
     Dim b{r.batch, "b"}, s{r.seq_len, "s"}, h{c.channels, "h"};
     Dim s_local = tp.sequence_parallel ? split_dim(r.seq_len, "s", t) : s;
-    bool packs_replicated = tp.sequence_parallel && t > 1;
+    bool packs_replicated = tp.sequence_parallel_active();
     bool overlapped_rs = packs_replicated && (tp.overlap.rs || tp.overlap.rs_dgrad);
     return {
         tensor("stream_grad", {s_local, b, h}, &w->stream_grad),
@@ -126,37 +129,33 @@ std::vector<TensorSpec> workspace_table(const GPTConfig& c, const RunShape& r, c
 template <class Backend>
 GPTModel<Backend>::GPTModel(const GPTConfig& c, const RunShape& r, const TensorParallelism& t, Comm* group)
     : config(c), shape(r), tp(t), group_(group ? group : &single_rank_group_),
-      mappings_(group_, t.sequence_parallel && t.size > 1) {
+      mappings_(group_, t.sequence_parallel_active()) {
     if (group_->size() != tp.size || group_->rank() != tp.rank)
         throw std::logic_error("GPT: the communicator does not match the tensor-parallel layout");
     if (config.attention == AttentionKernel::cudnn_fused && !Backend::has_fused_attention)
         throw std::invalid_argument("model.attention: cudnn is cuDNN's fused attention: it needs the GPU backend "
                                     "built with cuDNN");
     const Memory& memory = Backend::memory();
-    parameter_specs = parameter_table(config, tp.size, &params);
+    parameter_specs = parameter_table(config, tp.size, &params, &block_params);
     param_arena = Arena(parameter_specs, memory);
-    grad_arena = Arena(parameter_table(config, tp.size, &grads), memory);
+    grad_arena = Arena(parameter_table(config, tp.size, &grads, &block_grads), memory);
     num_parameters = int64_t(param_arena.bytes() / sizeof(float));
     int64_t offset = 0;  // of each gradient tensor in grads
     for (const TensorSpec& p : parameter_specs) {
         grad_norm_ranges_.push_back({offset, p.elements(), parameter_is_replicated(p.name) ? 1 : 0});
         offset += p.elements();
     }
+    std::vector<TensorSpec> weight_table = gemm_weight_table(config, tp.size, &weights, &block_weights);
     if constexpr (Backend::copies_gemm_weights) {
         // each bf16 copy beside the fp32 parameter of its name, for refresh_gemm_weights
-        std::vector<TensorSpec> weight_table = gemm_weight_table(config, tp.size, &weights);
         weight_arena = Arena(weight_table, memory);
         Act* copy = static_cast<Act*>(weight_arena.data());  // one dtype: the arena keeps the table's order
         for (const TensorSpec& w : weight_table) {
-            int64_t at = 0;
-            for (const TensorSpec& p : parameter_specs) {
-                if (p.name == w.name) gemm_weight_copies_.push_back({copy, params.wte + at, w.elements()});
-                at += p.elements();
-            }
+            gemm_weight_copies_.push_back({copy, parameter(w.name), w.elements()});
             copy += w.elements();
         }
     } else {
-        weights = {params.wte, params.qkvw, params.qkvb, params.attprojw, params.fcw, params.fcb, params.fcprojw};
+        for (const TensorSpec& w : weight_table) w.place(parameter(w.name));  // the GEMMs read the parameters
     }
 
     blocks.resize(config.num_layers);
@@ -174,19 +173,18 @@ GPTModel<Backend>::GPTModel(const GPTConfig& c, const RunShape& r, const TensorP
     workspace_arena = Arena(workspace_table(config, shape, tp, scratch, &workspace), memory);
     token_arena = Arena(token_table(shape, &tokens), memory);
     host_row_targets_.resize(size_t(shape.batch) * shape.seq_len);
-    linears_ = std::make_unique<ParallelLinears<Comm, Act>>(group_, tp.sequence_parallel, tp.overlap,
-                                                            shape.seq_len * shape.batch, local_seq() * shape.batch,
-                                                            workspace.rs_scratch);
+    linears_ = std::make_unique<ParallelLinears<Comm, Act>>(group_, tp, shape.seq_len * shape.batch,
+                                                            local_seq() * shape.batch, workspace.rs_scratch);
 }
 
 template <class Backend>
-int GPTModel<Backend>::local_seq() const {
-    return tp.sequence_parallel ? shape.seq_len / tp.size : shape.seq_len;
-}
-
-template <class Backend>
-int GPTModel<Backend>::seq_start() const {
-    return tp.sequence_parallel ? tp.rank * local_seq() : 0;
+float* GPTModel<Backend>::parameter(const std::string& name) const {
+    int64_t at = 0;  // one dtype: the arena keeps the table's order
+    for (const TensorSpec& p : parameter_specs) {
+        if (p.name == name) return params.wte + at;
+        at += p.elements();
+    }
+    throw std::logic_error("GPT: no parameter named " + name);
 }
 
 template <class Backend>
@@ -242,40 +240,40 @@ inline uint64_t fused_attention_seed(const DropoutStep& draw, int layer, int tp_
 
 // Causal self-attention of this rank's a/t heads: qkv → attn_out.
 template <class Backend>
-void GPTModel<Backend>::attention_forward(int l, const DropoutStep& draw, float p) {
+void GPTModel<Backend>::self_attention_forward(int l, const DropoutStep& draw, float p) {
     const int B = shape.batch, T = shape.seq_len, Ct = config.channels / tp.size, heads = config.num_heads / tp.size;
     BlockActivations<Act>& a = blocks[l];
     ComputeSpan span(group_->tracer, "attention");
     if constexpr (Backend::has_fused_attention) {
         if (config.attention == AttentionKernel::cudnn_fused) {
-            Backend::fused_attention_forward(a.attn_out, a.softmax_stats, a.qkv, B, T, Ct, heads, p,
-                                             fused_attention_seed(draw, l, tp.rank));
+            fused_attention_forward(a.attn_out, a.softmax_stats, a.qkv, B, T, Ct, heads, p,
+                                    fused_attention_seed(draw, l, tp.rank));
             return;
         }
     }
-    Backend::attention_forward(a.attn_out, a.softmax_out, a.attn_dropout_mask, a.attn_dropout_out, a.qkv,
-                               workspace.attention_scratch, B, T, Ct, heads, p,
-                               probs_box(B, heads, config.num_heads, T, tp.rank * heads, draw.batch_offset),
-                               {draw.seed, draw.step, uint32_t(l), DropoutSite::attention_probs});
+    attention_forward(a.attn_out, a.softmax_out, a.attn_dropout_mask, a.attn_dropout_out, a.qkv,
+                      workspace.attention_scratch, B, T, Ct, heads, p,
+                      probs_box(B, heads, config.num_heads, T, tp.rank * heads, draw.batch_offset),
+                      {draw.seed, draw.step, uint32_t(l), DropoutSite::attention_probs});
 }
 
 // dL/d(qkv) into workspace.wide_grad from dL/d(attn_out) in workspace.attn_grad.
 template <class Backend>
-void GPTModel<Backend>::attention_backward(int l) {
+void GPTModel<Backend>::self_attention_backward(int l) {
     const int B = shape.batch, T = shape.seq_len, Ct = config.channels / tp.size, heads = config.num_heads / tp.size;
-    const float p = shape.dropout;
+    const float p = last_dropout_;
     const BlockActivations<Act>& a = blocks[l];
     Workspace<Act>& w = workspace;
     ComputeSpan span(group_->tracer, "attention backward");
     if constexpr (Backend::has_fused_attention) {
         if (config.attention == AttentionKernel::cudnn_fused) {
-            Backend::fused_attention_backward(w.wide_grad, w.attn_grad, a.qkv, a.attn_out, a.softmax_stats, B, T,
-                                              Ct, heads, p, fused_attention_seed(last_draw_, l, tp.rank));
+            fused_attention_backward(w.wide_grad, w.attn_grad, a.qkv, a.attn_out, a.softmax_stats, B, T, Ct, heads,
+                                     p, fused_attention_seed(last_draw_, l, tp.rank));
             return;
         }
     }
-    Backend::attention_backward(w.wide_grad, w.attn_grad, a.qkv, a.softmax_out, a.attn_dropout_mask,
-                                a.attn_dropout_out, w.attention_scratch, B, T, Ct, heads, p);
+    attention_backward(w.wide_grad, w.attn_grad, a.qkv, a.softmax_out, a.attn_dropout_mask, a.attn_dropout_out,
+                       w.attention_scratch, B, T, Ct, heads, p);
 }
 
 // LayerNorm over this rank's rows [s/t·b, h] (all s·b rows without SP).
@@ -297,28 +295,27 @@ template <class Backend>
 void GPTModel<Backend>::block_forward(int l, Act* block_out, const DropoutStep& draw, float p) {
     const int B = shape.batch, T = shape.seq_len, C = config.channels, t = tp.size;
     const int Ct = C / t, hidden = 4 * C / t;
+    const BlockParameters& param = block_params[l];
+    const BlockGemmWeights<Act>& weight = block_weights[l];
     BlockActivations<Act>& a = blocks[l];
     Workspace<Act>& w = workspace;
     DropoutBox token_positions = token_box(local_seq(), B, T, C, seq_start(), draw.batch_offset);
     auto key = [&](DropoutSite site) { return DropoutKey{draw.seed, draw.step, uint32_t(l), site}; };
 
     // attention half: ln2_in = ln1_in + dropout(ḡ(proj(attention(qkv(g(ln1(ln1_in)))))) + bias)
-    norm_forward(a.ln1_out, a.ln1_in, params.ln1w + l * C, params.ln1b + l * C);
-    linears_->column_forward("qkv", a.qkv, a.ln1_out, w.gathered, weights.qkvw + int64_t(l) * 3 * Ct * C,
-                             weights.qkvb + l * 3 * Ct, C, 3 * Ct);
-    attention_forward(l, draw, p);
-    Act* y = linears_->row_forward("attention proj", a.attn_out, w.partial, w.branch,
-                                   weights.attprojw + int64_t(l) * C * Ct, Ct, C);
-    branch_forward(a.ln2_in, a.ln1_in, y, params.attprojb + l * C, a.proj_dropout_mask, token_positions, p,
+    norm_forward(a.ln1_out, a.ln1_in, param.ln1w, param.ln1b);
+    linears_->column_forward("qkv", a.qkv, a.ln1_out, w.gathered, weight.qkvw, weight.qkvb, C, 3 * Ct);
+    self_attention_forward(l, draw, p);
+    Act* y = linears_->row_forward("attention proj", a.attn_out, w.partial, w.branch, weight.attprojw, Ct, C);
+    branch_forward(a.ln2_in, a.ln1_in, y, param.attprojb, a.proj_dropout_mask, token_positions, p,
                    key(DropoutSite::attention_proj));
 
     // MLP half: block_out = ln2_in + dropout(ḡ(fc2(gelu(fc1(g(ln2(ln2_in)))))) + bias)
-    norm_forward(a.ln2_out, a.ln2_in, params.ln2w + l * C, params.ln2b + l * C);
-    linears_->column_forward("fc1 + gelu", a.gelu_out, a.ln2_out, w.gathered, weights.fcw + int64_t(l) * hidden * C,
-                             weights.fcb + l * hidden, C, hidden, a.gelu_in);
-    y = linears_->row_forward("fc2", a.gelu_out, w.partial, w.branch, weights.fcprojw + int64_t(l) * C * hidden,
-                              hidden, C);
-    branch_forward(block_out, a.ln2_in, y, params.fcprojb + l * C, a.fc2_dropout_mask, token_positions, p,
+    norm_forward(a.ln2_out, a.ln2_in, param.ln2w, param.ln2b);
+    linears_->column_forward("fc1 + gelu", a.gelu_out, a.ln2_out, w.gathered, weight.fcw, weight.fcb, C, hidden,
+                             a.gelu_in);
+    y = linears_->row_forward("fc2", a.gelu_out, w.partial, w.branch, weight.fcprojw, hidden, C);
+    branch_forward(block_out, a.ln2_in, y, param.fcprojb, a.fc2_dropout_mask, token_positions, p,
                    key(DropoutSite::mlp_fc2));
 }
 
@@ -330,8 +327,8 @@ void GPTModel<Backend>::classifier_forward() {
     const int Vp_local = config.padded_vocab_size / tp.size, vocab_start = tp.rank * Vp_local;
     const int V_real = std::max(0, std::min(Vp_local, config.vocab_size - vocab_start));
     norm_forward(outside.lnf_out, outside.lnf_in, params.lnfw, params.lnfb);
-    linears_->column_forward("lm head", outside.logits, outside.lnf_out, workspace.gathered, weights.wte,
-                             static_cast<const Act*>(nullptr), C, Vp_local);
+    linears_->column_forward("lm head", outside.logits, outside.lnf_out, workspace.gathered,
+                             GemmWeight<Act>{weights.wte}, GemmWeight<Act>{}, C, Vp_local);
 
     float* maxes = workspace.vocab_stats;
     float* stats = workspace.vocab_stats + N;  // Σ exp [N], then the target logit [N]
@@ -362,6 +359,7 @@ float GPTModel<Backend>::forward(const int* inputs, const int* targets, const Dr
     Backend::upload(tokens.row_targets, host_row_targets_.data(), sizeof(int) * N);
     refresh_gemm_weights();
     last_draw_ = draw;
+    last_dropout_ = p;
 
     // vocabulary-parallel embedding: each rank looks up the tokens it holds,
     // ḡ sums them (into this rank's sequence shard); then positions and dropout
@@ -392,7 +390,7 @@ template <class Backend>
 void GPTModel<Backend>::branch_backward(float* dbias, const uint8_t* mask) {
     const int N_local = local_seq() * shape.batch, C = config.channels;
     ComputeSpan span(group_->tracer, "dropout, bias backward");
-    dropout_backward(workspace.branch, mask, workspace.stream_grad, int64_t(N_local) * C, shape.dropout);
+    dropout_backward(workspace.branch, mask, workspace.stream_grad, int64_t(N_local) * C, last_dropout_);
     bias_backward(dbias, workspace.branch, N_local, C);
 }
 
@@ -410,28 +408,28 @@ template <class Backend>
 void GPTModel<Backend>::block_backward(int l) {
     const int C = config.channels, t = tp.size;
     const int Ct = C / t, hidden = 4 * C / t;
+    const BlockParameters& param = block_params[l];
+    const BlockParameters& grad = block_grads[l];
+    const BlockGemmWeights<Act>& weight = block_weights[l];
     const BlockActivations<Act>& a = blocks[l];
     Workspace<Act>& w = workspace;
 
     // MLP half
-    branch_backward(grads.fcprojb + l * C, a.fc2_dropout_mask);
-    linears_->row_backward("fc2 + gelu backward", w.wide_grad, w.branch, w.gathered, a.gelu_out,
-                           weights.fcprojw + int64_t(l) * C * hidden, grads.fcprojw + int64_t(l) * C * hidden, hidden,
-                           C, a.gelu_in);
+    branch_backward(grad.fcprojb, a.fc2_dropout_mask);
+    linears_->row_backward("fc2 + gelu backward", w.wide_grad, w.branch, w.gathered, a.gelu_out, weight.fcprojw,
+                           grad.fcprojw, hidden, C, a.gelu_in);
     const Act* dln = linears_->column_backward("fc1 backward", w.wide_grad, a.ln2_out, w.gathered, w.partial,
-                                               w.local_grad, weights.fcw + int64_t(l) * hidden * C,
-                                               grads.fcw + int64_t(l) * hidden * C, grads.fcb + l * hidden, C, hidden);
-    norm_backward(grads.ln2w + l * C, grads.ln2b + l * C, dln, a.ln2_in, params.ln2w + l * C);
+                                               w.local_grad, weight.fcw, grad.fcw, grad.fcb, C, hidden);
+    norm_backward(grad.ln2w, grad.ln2b, dln, a.ln2_in, param.ln2w);
 
     // attention half
-    branch_backward(grads.attprojb + l * C, a.proj_dropout_mask);
+    branch_backward(grad.attprojb, a.proj_dropout_mask);
     linears_->row_backward("attention proj backward", w.attn_grad, w.branch, w.gathered, a.attn_out,
-                           weights.attprojw + int64_t(l) * C * Ct, grads.attprojw + int64_t(l) * C * Ct, Ct, C);
-    attention_backward(l);
+                           weight.attprojw, grad.attprojw, Ct, C);
+    self_attention_backward(l);
     dln = linears_->column_backward("qkv backward", w.wide_grad, a.ln1_out, w.gathered, w.partial, w.local_grad,
-                                    weights.qkvw + int64_t(l) * 3 * Ct * C, grads.qkvw + int64_t(l) * 3 * Ct * C,
-                                    grads.qkvb + l * 3 * Ct, C, 3 * Ct);
-    norm_backward(grads.ln1w + l * C, grads.ln1b + l * C, dln, a.ln1_in, params.ln1w + l * C);
+                                    weight.qkvw, grad.qkvw, grad.qkvb, C, 3 * Ct);
+    norm_backward(grad.ln1w, grad.ln1b, dln, a.ln1_in, param.ln1w);
 }
 
 // Leaves dL/d(lnf_in) in workspace.stream_grad.
@@ -447,7 +445,8 @@ void GPTModel<Backend>::classifier_backward(float dloss_scale) {
                               Vp_local);
     }
     const Act* dln = linears_->column_backward("lm head backward", outside.logits, outside.lnf_out, w.gathered,
-                                               w.partial, w.local_grad, weights.wte, grads.wte, nullptr, C, Vp_local);
+                                               w.partial, w.local_grad, GemmWeight<Act>{weights.wte}, grads.wte,
+                                               nullptr, C, Vp_local);
     Backend::zero(w.stream_grad, sizeof(Act) * N_local * C);
     norm_backward(grads.lnfw, grads.lnfb, dln, outside.lnf_in, params.lnfw);
 }
@@ -462,7 +461,7 @@ void GPTModel<Backend>::backward(float dloss_scale) {
     {
         ComputeSpan span(group_->tracer, "embeddings backward");
         dropout_backward(w.branch, outside.embedding_dropout_mask, w.stream_grad, int64_t(N_local) * C,
-                         shape.dropout);
+                         last_dropout_);
         position_embedding_backward(grads.wpe, w.branch, seq_start(), local_seq(), B, C);
     }
     const Act* demb = mappings_.gbar_backward(static_cast<const Act*>(w.branch), w.gathered, size_t(N) * C);
@@ -475,7 +474,7 @@ void GPTModel<Backend>::backward(float dloss_scale) {
 
 template <class Backend>
 void GPTModel<Backend>::reduce_replicated_grads() {
-    if (!(tp.sequence_parallel && tp.size > 1)) return;  // without SP every rank computed the same, whole gradient
+    if (!tp.sequence_parallel_active()) return;  // without SP every rank computed the same, whole gradient
     float* packed = workspace.replicated_grads;
     auto visit = [&](bool pack) {
         int64_t at = 0, offset = 0;

@@ -13,22 +13,22 @@
 #include <algorithm>
 #include <cstddef>
 
+#include "model/kernels/kernels.h"
+#include "parallel/layout.h"
 #include "parallel/mappings.h"
 #include "parallel/overlap.h"
 #include "parallel/trace.h"
 
 namespace tpsp {
 
-// DESIGN §4's switches, resolved: the master switch and rs_dgrad already applied.
-struct OverlapSettings {
-    bool ag = false;          // tp_comm_overlap_ag
-    bool rs = false;          // tp_comm_overlap_rs
-    bool rs_pipeline = false; // tp_comm_rs_method: pipeline (else ring)
-    bool bulk_dgrad = false;  // tp_comm_bulk_dgrad
-    bool bulk_wgrad = false;  // tp_comm_bulk_wgrad
-    bool rs_dgrad = false;    // tp_comm_overlap_rs_dgrad
-    int num_splits = 4;       // tp_comm_num_splits
-    bool any() const { return ag || rs || bulk_dgrad || bulk_wgrad || rs_dgrad; }
+// A weight (or bias) as the GEMMs read it, in the activation dtype: on the
+// CPU the fp32 parameter itself, on the GPU the bf16 copy that the model
+// refreshes from the fp32 master at every forward. A type of its own, so
+// that a master parameter cannot be handed to a GEMM by mistake, nor a GEMM
+// copy to an elementwise kernel: the linears take only this.
+template <class Act>
+struct GemmWeight {
+    const Act* data = nullptr;
 };
 
 template <class Comm, class Act>
@@ -36,33 +36,33 @@ class ParallelLinears {
 public:
     // rs_scratch: 3 · N_local · h elements when an overlapped reduce-scatter is on
     // (the ring's buffers in flight, or the pipeline's received parts).
-    ParallelLinears(Comm* group, bool sequence_parallel, const OverlapSettings& overlap, int N, int N_local,
-                    Act* rs_scratch)
-        : group_(group), mappings_(group, sequence_parallel && group->size() > 1),
-          sequence_parallel_(sequence_parallel), overlap_(overlap), N_(N), N_local_(N_local),
-          rs_scratch_(rs_scratch) {}
+    ParallelLinears(Comm* group, const TensorParallelism& tp, int N, int N_local, Act* rs_scratch)
+        : group_(group), mappings_(group, tp.sequence_parallel_active()), overlap_(tp.overlap), N_(N),
+          N_local_(N_local), rs_scratch_(rs_scratch) {}
 
     // Column-parallel: out [N, OC] = g(x_local [N_local, C]) @ weight^T + bias.
     // gathered [N, C] is scratch (the all-gathered input). With pre_gelu
     // (fc1), the product goes there and out = gelu(pre_gelu): one GEMM with
     // a GELU epilogue on the GPU, tile by tile as the overlap gives them.
-    void column_forward(const char* name, Act* out, const Act* x_local, Act* gathered, const Act* weight,
-                        const Act* bias, int C, int OC, Act* pre_gelu = nullptr);
+    void column_forward(const char* name, Act* out, const Act* x_local, Act* gathered, GemmWeight<Act> weight,
+                        GemmWeight<Act> bias, int C, int OC, Act* pre_gelu = nullptr);
     // Its backward: dweight, dbias accumulate; returns dL/dx_local [N_local, C]
     // (in local_grad, or in partial without SP). Re-gathers the saved shard
     // x_local into gathered; partial [N, C] holds the dgrad before its reduction.
     const Act* column_backward(const char* name, const Act* dout, const Act* x_local, Act* gathered, Act* partial,
-                               Act* local_grad, const Act* weight, float* dweight, float* dbias, int C, int OC);
+                               Act* local_grad, GemmWeight<Act> weight, float* dweight, float* dbias, int C,
+                               int OC);
 
     // Row-parallel without its bias: y_local [N_local, OC] = ḡ(inp [N, K] @ weight^T).
     // Returns y (local, or partial without SP); partial [N, OC] is scratch.
-    Act* row_forward(const char* name, const Act* inp, Act* partial, Act* local, const Act* weight, int K, int OC);
+    Act* row_forward(const char* name, const Act* inp, Act* partial, Act* local, GemmWeight<Act> weight, int K,
+                     int OC);
     // Its backward: dinp [N, K] (overwritten) from dy_local [N_local, OC]; dweight accumulates.
     // gathered [N, OC] receives ḡ's all-gather of dy. With pre_gelu [N, K]
     // (fc2, whose input inp = gelu(pre_gelu)), dinp is the gradient of
     // pre_gelu: the GELU's backward in the dgrad GEMM's epilogue.
     void row_backward(const char* name, Act* dinp, const Act* dy_local, Act* gathered, const Act* inp,
-                      const Act* weight, float* dweight, int K, int OC, const Act* pre_gelu = nullptr);
+                      GemmWeight<Act> weight, float* dweight, int K, int OC, const Act* pre_gelu = nullptr);
 
 private:
     using Transfer = typename Comm::Transfer;
@@ -78,15 +78,14 @@ private:
         if (pre_gelu) matmul_backward_input_gelu(dinp, dy, weight, pre_gelu, rows, K, OC);
         else matmul_backward_input(dinp, dy, weight, rows, K, OC);
     }
-    bool overlapping() const { return sequence_parallel_ && group_->size() > 1; }
+    // the schedules replace g / ḡ only where those are SP's all-gather and reduce-scatter
+    bool overlapping() const { return mappings_.sequence_parallel(); }
     Comm* group_;
     TensorParallelMappings<Comm> mappings_;
-    bool sequence_parallel_;
     OverlapSettings overlap_;
     int N_, N_local_;
     Act* rs_scratch_;
 };
-
 
 namespace parallel_linear_detail {
 
@@ -116,8 +115,10 @@ inline const NoPoll no_poll;
 
 template <class Comm, class Act>
 void ParallelLinears<Comm, Act>::column_forward(const char* name, Act* out, const Act* x_local, Act* gathered,
-                                                const Act* weight, const Act* bias, int C, int OC, Act* pre_gelu) {
+                                                GemmWeight<Act> gemm_weight, GemmWeight<Act> gemm_bias, int C,
+                                                int OC, Act* pre_gelu) {
     using namespace parallel_linear_detail;
+    const Act *weight = gemm_weight.data, *bias = gemm_bias.data;
     if (!(overlapping() && overlap_.ag)) {
         const Act* x = mappings_.g_forward(x_local, gathered, size_t(N_) * C);
         ComputeSpan span(group_->tracer, name);
@@ -138,9 +139,10 @@ void ParallelLinears<Comm, Act>::column_forward(const char* name, Act* out, cons
 template <class Comm, class Act>
 const Act* ParallelLinears<Comm, Act>::column_backward(const char* name, const Act* dout, const Act* x_local,
                                                        Act* gathered, Act* partial, Act* local_grad,
-                                                       const Act* weight, float* dweight, float* dbias, int C,
-                                                       int OC) {
+                                                       GemmWeight<Act> gemm_weight, float* dweight, float* dbias,
+                                                       int C, int OC) {
     using namespace parallel_linear_detail;
+    const Act* weight = gemm_weight.data;
     const size_t shard = size_t(N_local_) * C;
     auto dgrad = [&](const auto& poll) {
         ComputeSpan span(group_->tracer, name);
@@ -195,8 +197,9 @@ const Act* ParallelLinears<Comm, Act>::column_backward(const char* name, const A
 
 template <class Comm, class Act>
 Act* ParallelLinears<Comm, Act>::row_forward(const char* name, const Act* inp, Act* partial, Act* local,
-                                             const Act* weight, int K, int OC) {
+                                             GemmWeight<Act> gemm_weight, int K, int OC) {
     using namespace parallel_linear_detail;
+    const Act* weight = gemm_weight.data;
     const size_t shard = size_t(N_local_) * OC;
     if (!(overlapping() && overlap_.rs)) {
         {
@@ -230,9 +233,10 @@ Act* ParallelLinears<Comm, Act>::row_forward(const char* name, const Act* inp, A
 
 template <class Comm, class Act>
 void ParallelLinears<Comm, Act>::row_backward(const char* name, Act* dinp, const Act* dy_local, Act* gathered,
-                                              const Act* inp, const Act* weight, float* dweight, int K, int OC,
-                                              const Act* pre_gelu) {
+                                              const Act* inp, GemmWeight<Act> gemm_weight, float* dweight, int K,
+                                              int OC, const Act* pre_gelu) {
     using namespace parallel_linear_detail;
+    const Act* weight = gemm_weight.data;
     if (!(overlapping() && overlap_.ag)) {
         const Act* dy = mappings_.gbar_backward(dy_local, gathered, size_t(N_) * OC);
         ComputeSpan span(group_->tracer, name);

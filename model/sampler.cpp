@@ -7,12 +7,13 @@
 #include <stdexcept>
 
 #include "model/kernels/cpu_kernels.h"
+#include "model/kernels/philox.h"
 
 namespace tpsp {
 
 Generator::Generator(const GPTConfig& config, const float* params) : c_(config) {
     int64_t at = 0;
-    for (const TensorSpec& t : parameter_table(c_, 1, &p_)) {
+    for (const TensorSpec& t : parameter_table(c_, 1, &p_, &blocks_)) {
         t.place(const_cast<float*>(params) + at);
         at += t.elements();
     }
@@ -30,10 +31,11 @@ const float* Generator::step(int token) {
     const int C = c_.channels, NH = c_.num_heads, hs = C / NH, t = position_;
     for (int i = 0; i < C; i++) x_[i] = p_.wte[int64_t(token) * C + i] + p_.wpe[int64_t(t) * C + i];
     for (int l = 0; l < c_.num_layers; l++) {
+        const BlockParameters& p = blocks_[size_t(l)];
         float* keys = keys_.data() + int64_t(l) * c_.max_seq_len * C;
         float* values = values_.data() + int64_t(l) * c_.max_seq_len * C;
-        layernorm_forward(ln_.data(), x_.data(), p_.ln1w + l * C, p_.ln1b + l * C, 1, C);
-        matmul_forward(qkv_.data(), ln_.data(), p_.qkvw + int64_t(l) * 3 * C * C, p_.qkvb + l * 3 * C, 1, C, 3 * C);
+        layernorm_forward(ln_.data(), x_.data(), p.ln1w, p.ln1b, 1, C);
+        matmul_forward(qkv_.data(), ln_.data(), p.qkvw, p.qkvb, 1, C, 3 * C);
         std::memcpy(keys + int64_t(t) * C, qkv_.data() + C, sizeof(float) * C);  // this position joins the cache
         std::memcpy(values + int64_t(t) * C, qkv_.data() + 2 * C, sizeof(float) * C);
         for (int h = 0; h < NH; h++) {  // one query against every cached key
@@ -55,13 +57,12 @@ const float* Generator::step(int token) {
                 for (int i = 0; i < hs; i++) out[i] += scores_[j] / sum * v[i];
             }
         }
-        matmul_forward(branch_.data(), att_.data(), p_.attprojw + int64_t(l) * C * C, p_.attprojb + l * C, 1, C, C);
+        matmul_forward(branch_.data(), att_.data(), p.attprojw, p.attprojb, 1, C, C);
         for (int i = 0; i < C; i++) x_[i] += branch_[i];
-        layernorm_forward(ln_.data(), x_.data(), p_.ln2w + l * C, p_.ln2b + l * C, 1, C);
-        matmul_forward(fc_.data(), ln_.data(), p_.fcw + int64_t(l) * 4 * C * C, p_.fcb + l * 4 * C, 1, C, 4 * C);
+        layernorm_forward(ln_.data(), x_.data(), p.ln2w, p.ln2b, 1, C);
+        matmul_forward(fc_.data(), ln_.data(), p.fcw, p.fcb, 1, C, 4 * C);
         gelu_forward(gelu_.data(), fc_.data(), 4 * C);
-        matmul_forward(branch_.data(), gelu_.data(), p_.fcprojw + int64_t(l) * 4 * C * C, p_.fcprojb + l * C, 1,
-                       4 * C, C);
+        matmul_forward(branch_.data(), gelu_.data(), p.fcprojw, p.fcprojb, 1, 4 * C, C);
         for (int i = 0; i < C; i++) x_[i] += branch_[i];
     }
     layernorm_forward(ln_.data(), x_.data(), p_.lnfw, p_.lnfb, 1, C);
@@ -85,6 +86,21 @@ int sample_token(const float* logits, int V, float temperature, int top_k, float
         if (target < 0) return order[i];
     }
     return order[k - 1];
+}
+
+int generate(Generator& generator, const GPTConfig& config, const std::vector<int>& prompt, int count,
+             float temperature, int top_k, uint64_t seed, const std::function<void(int)>& emit) {
+    generator.reset();
+    const float* logits = nullptr;
+    for (int token : prompt) logits = generator.step(token);
+    int made = 0;
+    for (; made < count && generator.position() < config.max_seq_len; made++) {
+        PhiloxCounter bits = philox4x32_10({uint32_t(made), 0, 0, 0}, {uint32_t(seed), uint32_t(seed >> 32)});
+        int token = sample_token(logits, config.vocab_size, temperature, top_k, uniform_from_bits(bits[0]));
+        emit(token);
+        if (generator.position() < config.max_seq_len) logits = generator.step(token);
+    }
+    return made;
 }
 
 }  // namespace tpsp

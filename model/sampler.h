@@ -3,6 +3,7 @@
 // position's forward pass instead of the whole prefix's.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "model/gpt.h"
@@ -21,6 +22,7 @@ public:
 private:
     GPTConfig c_;
     ParameterTensors p_{};
+    std::vector<BlockParameters> blocks_;  // each block's slice of p_
     std::vector<float> keys_, values_;                           // [L, maxT, C]
     std::vector<float> x_, ln_, qkv_, att_, branch_, fc_, gelu_;  // one position's activations
     std::vector<float> scores_, logits_;
@@ -31,5 +33,10 @@ private:
 // softmax(logits / temperature) restricted to the top_k (0: all), drawn with
 // the uniform `coin` in [0, 1).
 int sample_token(const float* logits, int V, float temperature, int top_k, float coin);
+
+// Feeds the prompt, then generates up to `count` tokens (fewer at the end of
+// the model's context), handing each to `emit` as it comes. Returns how many.
+int generate(Generator& generator, const GPTConfig& config, const std::vector<int>& prompt, int count,
+             float temperature, int top_k, uint64_t seed, const std::function<void(int)>& emit);
 
 }  // namespace tpsp

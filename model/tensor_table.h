@@ -58,6 +58,25 @@ TensorSpec tensor(std::string name, std::vector<Dim> shape, T** slot) {
     return {std::move(name), std::move(shape), dtype_of<T>(), [slot](void* at) { *slot = static_cast<T*>(at); }};
 }
 
+// A row of a per-layer tensor [L, ...]: the struct field `slot` will point
+// at the whole tensor, and the field `member` of each of the L views in
+// `layers` (when given: a block's view of the tensor) at its layer's slice.
+// The slices come from the row's shape, so no code computes a layer's offset.
+template <class T, class View, class Field>
+TensorSpec layered_tensor(std::string name, Dim L, std::vector<Dim> per_layer, T** slot, std::vector<View>* layers,
+                          Field View::*member) {
+    int64_t layer_elements = 1;
+    for (const Dim& d : per_layer) layer_elements *= d.size;
+    if (layers) layers->resize(size_t(L.size));
+    std::vector<Dim> shape = {L};
+    shape.insert(shape.end(), per_layer.begin(), per_layer.end());
+    return {std::move(name), std::move(shape), dtype_of<T>(), [=](void* at) {
+                *slot = static_cast<T*>(at);
+                if (layers)
+                    for (size_t l = 0; l < layers->size(); l++) (*layers)[l].*member = Field{*slot + l * layer_elements};
+            }};
+}
+
 size_t table_bytes(const std::vector<TensorSpec>& table);
 
 // Where an arena lives: allocate returns zero-filled memory.

@@ -5,7 +5,9 @@
 
 namespace tpsp {
 
-using gpu::check_cuda;
+static void check_cuda(cudaError_t status, const char* what) {
+    if (status != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(status));
+}
 
 static void check_nccl(ncclResult_t result, const char* what) {
     if (result != ncclSuccess) throw std::runtime_error(std::string(what) + ": " + ncclGetErrorString(result));
@@ -23,9 +25,8 @@ static cudaEvent_t pooled_event() {
     return event;
 }
 
-static cudaStream_t compute_stream() { return gpu::context().stream; }
-
-NcclCommunicator::NcclCommunicator(MPI_Comm comm) : host_(comm) {
+NcclCommunicator::NcclCommunicator(MPI_Comm comm, cudaStream_t compute_stream)
+    : host_(comm), compute_stream_(compute_stream) {
     if (size() == 1) return;
     ncclUniqueId id;
     if (rank() == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
@@ -43,7 +44,7 @@ NcclCommunicator::~NcclCommunicator() {
 }
 
 void NcclCommunicator::after_compute() {
-    check_cuda(cudaEventRecord(compute_ready_, compute_stream()), "cudaEventRecord");
+    check_cuda(cudaEventRecord(compute_ready_, compute_stream_), "cudaEventRecord");
     check_cuda(cudaStreamWaitEvent(comm_stream_, compute_ready_, 0), "cudaStreamWaitEvent");
 }
 
@@ -72,7 +73,7 @@ bool NcclCommunicator::test(Transfer& t) {
 
 void NcclCommunicator::wait(Transfer& t) {
     if (!t.active) return;
-    check_cuda(cudaStreamWaitEvent(compute_stream(), t.done, 0), "cudaStreamWaitEvent");
+    check_cuda(cudaStreamWaitEvent(compute_stream_, t.done, 0), "cudaStreamWaitEvent");
     t.active = false;
     if (t.counts) time.total += now_seconds() - t.started;
 }
@@ -150,20 +151,20 @@ __global__ void add_kernel(bf16* acc, const bf16* x, size_t count) {
 }
 
 void NcclCommunicator::copy(bf16* dst, const bf16* src, size_t count) {
-    check_cuda(cudaMemcpyAsync(dst, src, count * sizeof(bf16), cudaMemcpyDeviceToDevice, compute_stream()),
+    check_cuda(cudaMemcpyAsync(dst, src, count * sizeof(bf16), cudaMemcpyDeviceToDevice, compute_stream_),
                "copy");
 }
 
 void NcclCommunicator::add(bf16* acc, const bf16* x, size_t count) {
     constexpr unsigned threads = 256;
-    add_kernel<<<unsigned((count + threads - 1) / threads), threads, 0, compute_stream()>>>(acc, x, count);
-    gpu::check_launch("add");
+    add_kernel<<<unsigned((count + threads - 1) / threads), threads, 0, compute_stream_>>>(acc, x, count);
+    check_cuda(cudaGetLastError(), "add");
 }
 
 void NcclCommunicator::copy_rows(bf16* dst, size_t dst_stride, const bf16* src, size_t src_stride, size_t rows,
                                  size_t width) {
     check_cuda(cudaMemcpy2DAsync(dst, dst_stride * sizeof(bf16), src, src_stride * sizeof(bf16), width * sizeof(bf16),
-                                 rows, cudaMemcpyDeviceToDevice, compute_stream()),
+                                 rows, cudaMemcpyDeviceToDevice, compute_stream_),
                "copy_rows");
 }
 

@@ -17,12 +17,13 @@
 // finds it done, and "exposed" is left at 0 (waits do not block the host).
 // The emulated link of the CPU communicator does not exist here.
 #pragma once
+#include <cuda_runtime.h>
 #include <mpi.h>
 #include <nccl.h>
 
 #include <cstddef>
 
-#include "model/kernels/cuda_kernels.h"
+#include "common/bf16.h"
 #include "parallel/communicator.h"
 
 namespace tpsp {
@@ -40,8 +41,8 @@ public:
     using Transfer = NcclTransfer;
     NcclCommunicator() = default;  // a group of one
     // Collective over comm: every rank of it makes the NCCL communicator
-    // together. The compute stream is the kernels' (gpu::context()).
-    explicit NcclCommunicator(MPI_Comm comm);
+    // together. compute_stream: where the kernels run (the model's stream).
+    NcclCommunicator(MPI_Comm comm, cudaStream_t compute_stream);
     NcclCommunicator(const NcclCommunicator&) = delete;
     NcclCommunicator& operator=(const NcclCommunicator&) = delete;
     ~NcclCommunicator();
@@ -83,6 +84,7 @@ private:
     Transfer finish_enqueue(const char* name, bool counts);
     void all_reduce(void* data, size_t count, ncclDataType_t type, ncclRedOp_t op, size_t element_bytes);
     Communicator host_;  // the same group over MPI, for what lives on the host
+    cudaStream_t compute_stream_ = nullptr;
     ncclComm_t nccl_ = nullptr;
     cudaStream_t comm_stream_ = nullptr;
     cudaEvent_t compute_ready_ = nullptr;

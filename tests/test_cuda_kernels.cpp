@@ -285,8 +285,8 @@ TEST_F(CudaKernels, AttentionMatchesCpuWithTheSameMasks) {
         auto qkv = random_bf16_values(int64_t(N) * 3 * C, 19), dout = random_bf16_values(int64_t(N) * C, 20);
         std::vector<float> out(N * C), softmax_out(scores), dropped(scores), dqkv(N * 3 * C), scratch(64 * T * T);
         std::vector<uint8_t> mask(scores);
-        attention_forward(out.data(), softmax_out.data(), mask.data(), dropped.data(), qkv.data(), B, T, C, NH, p,
-                          box, key);
+        attention_forward(out.data(), softmax_out.data(), mask.data(), dropped.data(), qkv.data(), nullptr, B, T, C,
+                          NH, p, box, key);
         attention_backward(dqkv.data(), dout.data(), qkv.data(), softmax_out.data(), mask.data(), dropped.data(),
                            scratch.data(), B, T, C, NH, p);
 
@@ -318,8 +318,8 @@ TEST_F(CudaKernels, FusedAttentionMatchesTheExplicitKernels) {
     std::vector<float> out(N * C), softmax_out(scores), dropped(scores), dqkv(N * 3 * C), scratch(64 * T * T);
     std::vector<uint8_t> mask(scores);
     const DropoutKey key{1, 1, 0, DropoutSite::attention_probs};
-    attention_forward(out.data(), softmax_out.data(), mask.data(), dropped.data(), qkv.data(), B, T, C, heads, 0.0f,
-                      full_box(B, heads, int64_t(T) * T), key);
+    attention_forward(out.data(), softmax_out.data(), mask.data(), dropped.data(), qkv.data(), nullptr, B, T, C,
+                      heads, 0.0f, full_box(B, heads, int64_t(T) * T), key);
     attention_backward(dqkv.data(), dout.data(), qkv.data(), softmax_out.data(), mask.data(), dropped.data(),
                        scratch.data(), B, T, C, heads, 0.0f);
     std::vector<float> lse(size_t(B) * heads * T);

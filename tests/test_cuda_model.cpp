@@ -9,8 +9,6 @@
 #include <string>
 #include <vector>
 
-#include "model/kernels/cuda_kernels.h"
-
 #include "model/cuda_backend.h"
 #include "model/gpt.h"
 #include "model/kernels/cuda_device.h"

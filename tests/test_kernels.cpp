@@ -193,8 +193,8 @@ static void attention_gradient_check(float p) {
     std::vector<float> scratch(64 * T * T);
     std::vector<uint8_t> mask(B * NH * T * T);
     auto loss = [&] {
-        attention_forward(out.data(), softmax_out.data(), mask.data(), dropped.data(), qkv.data(), B, T, C, NH, p,
-                          box, key);
+        attention_forward(out.data(), softmax_out.data(), mask.data(), dropped.data(), qkv.data(), nullptr, B, T, C,
+                          NH, p, box, key);
         return weighted_sum(out.data(), dout);
     };
     loss();

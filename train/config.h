@@ -4,18 +4,14 @@
 // checked against that list before anything is allocated.
 #pragma once
 #include <cstdint>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
-#include "model/gpt.h"
+#include "common/errors.h"
+#include "model/gpt_config.h"
+#include "parallel/layout.h"
 
 namespace tpsp {
-
-// A problem with the config, worded for one line: "FILE:LINE: key: what is wrong".
-struct ConfigError : std::runtime_error {
-    using std::runtime_error::runtime_error;
-};
 
 struct Config {
     struct Model {
@@ -48,7 +44,7 @@ struct Config {
     struct Parallel {
         int tp = 1;
         bool sequence_parallel = true;
-        // Megatron's communication-overlap switches (DESIGN §4); the master
+        // Megatron's communication-overlap switches (docs/design.md §4); the master
         // switch off turns every other off.
         bool tp_comm_overlap = false;
         bool tp_comm_overlap_ag = true, tp_comm_overlap_rs = true;

@@ -1,8 +1,5 @@
 // `tpsp train` and `tpsp bench` on the CUDA backend: trainer_impl.h and
 // benchmark.h instantiated on CudaBackend.
-// cuda_kernels.h comes first so that the model's templates see the bf16 kernels.
-#include "model/kernels/cuda_kernels.h"
-
 #include "model/cuda_backend.h"
 #include "train/benchmark.h"
 #include "train/trainer_impl.h"

@@ -18,8 +18,6 @@
 #include <vector>
 
 #ifdef TPSP_WITH_CUDA
-#include "model/kernels/cuda_kernels.h"  // first: the model templates must see the bf16 kernels
-
 #include "model/cuda_backend.h"
 #endif
 #include "data/gpt2_tokenizer.h"
@@ -93,7 +91,7 @@ static bool built_with_cudnn() {
 
 static int visible_gpus() {
 #ifdef TPSP_WITH_CUDA
-    return gpu::cuda_device_count();
+    return CudaBackend::device_count();
 #else
     return 0;
 #endif

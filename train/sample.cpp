@@ -5,25 +5,9 @@
 
 #include "data/gpt2_tokenizer.h"
 #include "model/checkpoint.h"
-#include "model/kernels/philox.h"
 #include "train/config.h"
 
 namespace tpsp {
-
-int generate(Generator& generator, const GPTConfig& config, const std::vector<int>& prompt, int count,
-                          float temperature, int top_k, uint64_t seed, const std::function<void(int)>& emit) {
-    generator.reset();
-    const float* logits = nullptr;
-    for (int token : prompt) logits = generator.step(token);
-    int made = 0;
-    for (; made < count && generator.position() < config.max_seq_len; made++) {
-        PhiloxCounter bits = philox4x32_10({uint32_t(made), 0, 0, 0}, {uint32_t(seed), uint32_t(seed >> 32)});
-        int token = sample_token(logits, config.vocab_size, temperature, top_k, uniform_from_bits(bits[0]));
-        emit(token);
-        if (generator.position() < config.max_seq_len) logits = generator.step(token);
-    }
-    return made;
-}
 
 int sample_command(const std::string& checkpoint, const SampleOptions& options) {
     GPTConfig config = read_checkpoint_config(checkpoint);

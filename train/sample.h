@@ -1,9 +1,7 @@
 // `tpsp sample` and the trainer's periodic samples: text from a model.
 #pragma once
 #include <cstdint>
-#include <functional>
 #include <string>
-#include <vector>
 
 #include "model/sampler.h"
 
@@ -17,11 +15,6 @@ struct SampleOptions {
     uint64_t seed = 1337;
     std::string tokenizer_dir = "data/gpt2_tokenizer";  // for models with GPT-2's vocabulary
 };
-
-// Feeds the prompt, then generates up to `count` tokens (fewer at the end of
-// the model's context), handing each to `emit` as it comes. Returns how many.
-int generate(Generator& generator, const GPTConfig& config, const std::vector<int>& prompt, int count,
-                          float temperature, int top_k, uint64_t seed, const std::function<void(int)>& emit);
 
 // tpsp sample CHECKPOINT ...: prints the prompt and the text as it comes.
 int sample_command(const std::string& checkpoint, const SampleOptions& options);

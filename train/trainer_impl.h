@@ -228,8 +228,8 @@ int train_on(const Config& cfg) {
         if (!cfg.checkpoint.init.empty()) check_checkpoint_model(cfg.checkpoint.init, gc);
         TensorParallelism tp{grid.tp, grid.tp_rank, cfg.parallel.sequence_parallel, cfg.overlap()};
         runtime = std::make_unique<typename Backend::Runtime>(local_rank());
-        tp_comm = std::make_unique<Comm>(*grid.tp_group.mpi());
-        dp_comm = std::make_unique<Comm>(*grid.dp_group.mpi());
+        tp_comm = Backend::make_group(*grid.tp_group.mpi());
+        dp_comm = Backend::make_group(*grid.dp_group.mpi());
         tp_comm->link = {cfg.parallel.emulated_link_gbps, cfg.parallel.emulated_link_latency_us};
         if (!cfg.logging.trace.empty()) {
             tracer.enable(size_t(200000));

@@ -315,8 +315,8 @@ static void causal_softmax(float* scores, int T) {
 }
 
 void attention_forward(float* out, float* softmax_out, uint8_t* dropout_mask, float* dropout_out,
-                       const float* qkv, int B, int T, int C, int NH, float p, const DropoutBox& box,
-                       const DropoutKey& key) {
+                       const float* qkv, float* /*scratch*/, int B, int T, int C, int NH, float p,
+                       const DropoutBox& box, const DropoutKey& key) {
     const int hs = C / NH, qkv_stride = B * 3 * C, out_stride = B * C;  // row strides of one sequence
     const float scale = 1.0f / std::sqrt(float(hs));
     // S' = causal softmax(Q K^T · scale)

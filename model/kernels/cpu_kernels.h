@@ -84,8 +84,9 @@ void residual_forward(float* out, const float* inp1, const float* inp2, int64_t 
 //   softmax_out [B, NH, T, T]  S' = softmax(Q K^T / sqrt(hs)), zero above the diagonal
 //   dropout_mask [B, NH, T, T], dropout_out [B, NH, T, T]  S = dropout(S')
 // and writes out [T, B, C] = S V. `box` places [B, NH, T*T] in the global tensor.
+// scratch: none is needed on the CPU; the argument is the CUDA twin's.
 void attention_forward(float* out, float* softmax_out, uint8_t* dropout_mask, float* dropout_out,
-                       const float* qkv, int B, int T, int C, int NH, float p, const DropoutBox& box,
+                       const float* qkv, float* scratch, int B, int T, int C, int NH, float p, const DropoutBox& box,
                        const DropoutKey& key);
 // dqkv [T, B, 3C] OVERWRITTEN; scratch [T, T] per OpenMP thread.
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* softmax_out,

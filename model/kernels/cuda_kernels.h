@@ -1,6 +1,6 @@
 // The CUDA kernels of GPT-2: the same forward/backward pairs as
 // cpu_kernels.h, on device pointers, with bf16 activations and fp32
-// parameters, gradients and statistics (DESIGN §2 with e = 2).
+// parameters, gradients and statistics (docs/design.md §2 with e = 2).
 //
 // Conventions, on top of cpu_kernels.h's:
 //   - activations (`bf16*`) are [T, B, C] sequence-major, as on the CPU;
@@ -19,15 +19,13 @@
 #include <cstdint>
 
 #include <cublasLt.h>
-#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "common/bf16.h"
 #include "model/kernels/attention_scratch.h"
 #include "model/kernels/dropout_rng.h"
 
 namespace tpsp::gpu {
-
-using bf16 = __nv_bfloat16;
 
 // Where kernels run: one stream, and cuBLASLt with its workspace.
 struct GpuContext {
@@ -56,7 +54,6 @@ void batched_gemm(bool transa, bool transb, int m, int n, int k, float alpha, co
 }  // namespace tpsp::gpu
 
 namespace tpsp {
-using gpu::bf16;
 
 // out [n] = bf16(inp [n]): the GEMMs' copies of the fp32 master weights.
 void cast_to_bf16(bf16* out, const float* inp, int64_t n);

@@ -1,0 +1,32 @@
+// What a GPT is and what one forward/backward runs on: plain values, so that
+// the config, the memory report and the checkpoint header can name a model
+// without pulling in its kernels. The config keys' English names
+// (model.channels, train.seq_len) become the paper's letters here (h, s).
+#pragma once
+
+namespace tpsp {
+
+// How attention runs: the explicit kernels that save S', the mask and S
+// (docs/design.md §2's table), or cuDNN's fused kernel that saves only the
+// softmax row statistics (model.attention: cudnn; GPU only).
+enum class AttentionKernel { explicit_scores, cudnn_fused };
+
+struct GPTConfig {
+    int max_seq_len = 1024;         // maxT: rows of wpe
+    int vocab_size = 50257;         // V: real tokens
+    int padded_vocab_size = 50304;  // Vp: rows of wte, a multiple of 128 in llm.c
+    int num_layers = 12;            // L
+    int num_heads = 12;             // a
+    int channels = 768;             // h (C in the kernels, as in llm.c)
+    AttentionKernel attention = AttentionKernel::explicit_scores;
+};
+
+// The shape of one forward/backward: micro-batch b, sequence length s, and
+// the dropout probability at all four sites.
+struct RunShape {
+    int batch = 4;
+    int seq_len = 64;
+    float dropout = 0.0f;
+};
+
+}  // namespace tpsp
