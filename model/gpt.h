@@ -1,6 +1,6 @@
 // GPT-2 on one rank of a tensor-parallel group: the parameter shard, the
-// saved activations of DESIGN §2 for this rank, the backward workspace, and
-// forward / backward with the g / ḡ collectives of DESIGN §3. With a group of
+// saved activations of docs/design.md §2 for this rank, the backward workspace, and
+// forward / backward with the g / ḡ collectives of docs/design.md §3. With a group of
 // one (the default) it is the plain single-rank model.
 //
 // Activations are sequence-major, [s, b, h] as in Megatron, so that a
@@ -19,7 +19,7 @@
 namespace tpsp {
 
 // How attention runs: the explicit kernels that save S', the mask and S
-// (DESIGN §2's table), or cuDNN's fused kernel that saves only the softmax
+// (docs/design.md §2's table), or cuDNN's fused kernel that saves only the softmax
 // row statistics (model.attention: cudnn; GPU only).
 enum class AttentionKernel { explicit_scores, cudnn_fused };
 
@@ -83,7 +83,7 @@ struct GemmWeights {
     Act *wte, *qkvw, *qkvb, *attprojw, *fcw, *fcb, *fcprojw;
 };
 
-// What one block keeps for backward: exactly the table of DESIGN §2, in the
+// What one block keeps for backward: exactly the table of docs/design.md §2, in the
 // activation dtype (e bytes per element). s_local = s/t under SP, s without.
 template <class Act>
 struct BlockActivations {
@@ -151,7 +151,7 @@ std::vector<TensorSpec> workspace_table(const GPTConfig& config, const RunShape&
                                         const Dim& attention_scratch, Workspace<Act>* w);
 std::vector<TensorSpec> token_table(const RunShape& shape, TokenBuffers* tokens);
 
-// DESIGN §2, bytes per block per rank:
+// docs/design.md §2, bytes per block per rank:
 //   TP+SP:    b·s·h·(16e + 2)/t  +  b·a·s²·(2e + 1)/t
 //   TP only:  b·s·h·(4e + 2)     +  b·s·h·12e/t  +  b·a·s²·(2e + 1)/t
 // With cuDNN's fused attention the b·a·s²·(2e + 1)/t term is 4·b·a·s/t (fp32 row statistics).

@@ -14,7 +14,7 @@ static std::string mib(int64_t bytes) {
     return buf;
 }
 
-// DESIGN §2's formula for the mode; with e = 2 also in Korthikanti et al.'s
+// docs/design.md §2's formula for the mode; with e = 2 also in Korthikanti et al.'s
 // form: 34sbh + 5as²b, sbh(34/t + 5as/(ht)), sbh(10 + 24/t + 5as/(ht)).
 // cuDNN's fused attention keeps 4·b·a·s/t bytes of row statistics in place
 // of the b·a·s²·(2e+1)/t of S', its mask and S.

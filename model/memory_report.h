@@ -1,5 +1,5 @@
 // `tpsp memory`: the activation tables one rank allocates, beside the
-// formula of DESIGN §2 for its mode that they must equal.
+// formula of docs/design.md §2 for its mode that they must equal.
 #pragma once
 #include <string>
 
@@ -9,7 +9,7 @@ namespace tpsp {
 
 struct MemoryReport {
     int64_t block_bytes;          // one block's table, summed
-    int64_t block_formula_bytes;  // DESIGN §2's formula for this mode and t
+    int64_t block_formula_bytes;  // docs/design.md §2's formula for this mode and t
     int64_t blocks_bytes;         // all L blocks
     int64_t outside_bytes, workspace_bytes, parameter_bytes;
     std::string text;

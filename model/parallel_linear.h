@@ -19,7 +19,7 @@
 
 namespace tpsp {
 
-// DESIGN §4's switches, resolved: the master switch and rs_dgrad already applied.
+// docs/design.md §4's switches, resolved: the master switch and rs_dgrad already applied.
 struct OverlapSettings {
     bool ag = false;          // tp_comm_overlap_ag
     bool rs = false;          // tp_comm_overlap_rs

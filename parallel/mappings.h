@@ -1,4 +1,4 @@
-// The two mappings at the borders of the tensor-parallel region (DESIGN §3).
+// The two mappings at the borders of the tensor-parallel region (docs/design.md §3).
 //
 //                      forward                      backward
 //   g  (entering TP)   SP: all-gather the sequence   SP: reduce-scatter

@@ -1,5 +1,5 @@
 // The communication–computation overlap schedules of Megatron /
-// TransformerEngine (DESIGN §4), on a communicator (Communicator over MPI,
+// TransformerEngine (docs/design.md §4), on a communicator (Communicator over MPI,
 // or NcclCommunicator on the GPU: the same operations, on T = float or bf16
 // buffers). They know nothing about GPT: each takes the computation as a
 // callable, which is handed a Poll to call between its tiles — on CPU, Open

@@ -1,6 +1,6 @@
 // The whole model against PyTorch on the same weights and tokens (the file
 // scripts/make_torch_reference.py writes), against finite differences with
-// dropout on, and its activation arena against the formula of DESIGN §2.
+// dropout on, and its activation arena against the formula of docs/design.md §2.
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -48,7 +48,7 @@ struct Config {
     struct Parallel {
         int tp = 1;
         bool sequence_parallel = true;
-        // Megatron's communication-overlap switches (DESIGN §4); the master
+        // Megatron's communication-overlap switches (docs/design.md §4); the master
         // switch off turns every other off.
         bool tp_comm_overlap = false;
         bool tp_comm_overlap_ag = true, tp_comm_overlap_rs = true;

@@ -1,6 +1,6 @@
 // The CUDA kernels of GPT-2: the same forward/backward pairs as
 // cpu_kernels.h, on device pointers, with bf16 activations and fp32
-// parameters, gradients and statistics (DESIGN §2 with e = 2).
+// parameters, gradients and statistics (docs/design.md §2 with e = 2).
 //
 // Conventions, on top of cpu_kernels.h's:
 //   - activations (`bf16*`) are [T, B, C] sequence-major, as on the CPU;

@@ -1,5 +1,5 @@
 // Which random bits a dropout mask element gets, shared by the CPU and the
-// CUDA kernels so that both draw bit-identical masks (DESIGN §3).
+// CUDA kernels so that both draw bit-identical masks (docs/design.md §3).
 #pragma once
 #include <cstdint>
 
@@ -8,7 +8,7 @@
 namespace tpsp {
 
 // Where a dropout mask element lives in the global (un-sharded) tensor, so
-// that its random bits do not depend on which rank holds it (DESIGN §3).
+// that its random bits do not depend on which rank holds it (docs/design.md §3).
 // The local tensor is [n0, n1, n2], contiguous; its element (i0, i1, i2) has
 // the global index (o0 + i0)·stride0 + (o1 + i1)·stride1 + i2. A sequence
 // shard [s/t, b, h] of an activation whose global index runs over [B, S, h]
