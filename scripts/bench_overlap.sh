@@ -45,7 +45,7 @@ echo "| t | mode | step ms | comm / exposed ms | step ms, emulated link | comm /
 echo "|---|---|---|---|---|---|---|"
 for t in 2 4; do
   pair $t "overlap off" parallel.tp_comm_overlap=false
-  pair $t "overlap on (Megatron's defaults: ag, rs ring, bulk dgrad + wgrad)" parallel.tp_comm_overlap=true
+  pair $t "overlap on (defaults: ag, rs ring, bulk dgrad + wgrad)" parallel.tp_comm_overlap=true
   pair $t "every switch on (ag, rs ring, rs_dgrad)" parallel.tp_comm_overlap=true parallel.tp_comm_overlap_rs_dgrad=true
   pair $t "every switch on (ag, rs pipeline, rs_dgrad)" parallel.tp_comm_overlap=true \
     parallel.tp_comm_overlap_rs_dgrad=true parallel.tp_comm_rs_method=pipeline

@@ -570,11 +570,11 @@ TEST(BadInput, TruncatedCheckpointAndCheckpointOfAnotherModel) {
     expect_clean_failure(dir, "checkpoint.resume=" + (dir / "nowhere").string(), "not a tpsp run directory");
 }
 
-TEST(Documentation, ReadmeHoldsTheConfigReferenceOfTheCode) {
+TEST(Documentation, DocsConfigHoldsTheConfigReferenceOfTheCode) {
     fs::path dir = scratch_dir();
     Outcome reference = run(tpsp_binary + " config-reference", dir);
     ASSERT_EQ(reference.exit_code, 0);
-    std::string readme = read_text(fs::path(TPSP_SOURCE_DIR) / "README.md");
-    EXPECT_NE(readme.find(reference.out), std::string::npos)
-        << "README.md's config reference is stale: paste the output of `tpsp config-reference`";
+    std::string page = read_text(fs::path(TPSP_SOURCE_DIR) / "docs" / "config.md");
+    EXPECT_NE(page.find(reference.out), std::string::npos)
+        << "docs/config.md's config reference is stale: paste the output of `tpsp config-reference` into it";
 }

@@ -1,5 +1,5 @@
 // The step loop of `tpsp train`, written once for both backends: trainer.cpp
-// instantiates it on the CPU, trainer_cuda.cpp on CUDA.
+// instantiates it on the CPU, train/cuda_commands.cpp on CUDA.
 #pragma once
 #include <mpi.h>
 #include <omp.h>
@@ -191,7 +191,7 @@ int local_rank();
 
 }  // namespace trainer_detail
 
-// `tpsp train` on a backend (trainer.cpp: the CPU; trainer_cuda.cpp: CUDA).
+// `tpsp train` on a backend (trainer.cpp: the CPU; cuda_commands.cpp: CUDA).
 template <class Backend>
 int train_on(const Config& cfg) {
     using namespace trainer_detail;
