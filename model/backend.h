@@ -5,6 +5,7 @@
 // name and overloaded on the activation type, and the few operations whose
 // arguments differ between the backends are the static functions below.
 #pragma once
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -33,6 +34,34 @@ struct SquareSumRange {
 // The CUDA attention kernels' scratch (attention_scratch.h), as a table
 // dimension; here so that the memory report can size a GPU run anywhere.
 Dim cuda_attention_scratch(int64_t b, int64_t s, int64_t h, int64_t a, int64_t t);
+
+// What the model needs of a backend, checked where each backend is defined
+// (below for the CPU, cuda_backend.h for CUDA) and by GPTModel<Backend>.
+template <class B>
+concept ModelBackend = requires(void* dst, const void* src, size_t bytes, float* f, const float* cf, int64_t n,
+                                int rows, const std::vector<SquareSumRange>& ranges, double* sums,
+                                const AdamWStep& step, MPI_Comm comm) {
+    typename B::Act;      // the activation element: float (e = 4) or bf16 (e = 2)
+    typename B::Comm;     // the tensor-parallel group: Communicator or NcclCommunicator
+    typename B::Runtime;  // what a rank holds while it computes (its GPU)
+    { B::name } -> std::convertible_to<const char*>;
+    { B::copies_gemm_weights } -> std::convertible_to<bool>;
+    { B::has_fused_attention } -> std::convertible_to<bool>;
+    { B::memory() } -> std::same_as<const Memory&>;
+    { B::make_group(comm) } -> std::same_as<std::unique_ptr<typename B::Comm>>;
+    B::copy(dst, src, bytes);
+    B::upload(dst, src, bytes);
+    B::download(dst, src, bytes);
+    B::zero(dst, bytes);
+    B::square_sums(cf, ranges, sums);
+    { B::attention_scratch(n, n, n, n, n) } -> std::same_as<Dim>;
+    B::finish_losses(f, f, cf, cf, rows);
+    { B::mean_loss(cf, rows) } -> std::convertible_to<float>;
+    B::adamw_update(f, cf, f, f, n, 0.0f, step);
+    B::synchronize();
+    { B::peak_flops() } -> std::convertible_to<double>;
+    { B::peak_flops_name() } -> std::convertible_to<const char*>;
+};
 
 struct CpuBackend {
     using Act = float;           // activation element: e = 4
@@ -73,5 +102,7 @@ struct CpuBackend {
     static double peak_flops();
     static const char* peak_flops_name() { return "sgemm peak"; }
 };
+
+static_assert(ModelBackend<CpuBackend>);
 
 }  // namespace tpsp

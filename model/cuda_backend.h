@@ -60,6 +60,8 @@ struct CudaBackend {
     static const char* peak_flops_name() { return "bf16 peak"; }
 };
 
+static_assert(ModelBackend<CudaBackend>);
+
 extern template class GPTModel<CudaBackend>;
 
 }  // namespace tpsp

@@ -164,6 +164,8 @@ struct DropoutStep {
 // backend supplies the kernels, the memory and the communicator.
 template <class Backend>
 class GPTModel {
+    static_assert(ModelBackend<Backend>);
+
 public:
     using Act = typename Backend::Act;
     using Comm = typename Backend::Comm;

@@ -14,6 +14,7 @@
 #include <cstddef>
 
 #include "model/kernels/kernels.h"
+#include "parallel/group.h"
 #include "parallel/layout.h"
 #include "parallel/mappings.h"
 #include "parallel/overlap.h"
@@ -33,6 +34,8 @@ struct GemmWeight {
 
 template <class Comm, class Act>
 class ParallelLinears {
+    static_assert(TensorParallelGroup<Comm, Act>);
+
 public:
     // rs_scratch: 3 · N_local · h elements when an overlapped reduce-scatter is on
     // (the ring's buffers in flight, or the pipeline's received parts).

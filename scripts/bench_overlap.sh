@@ -19,7 +19,7 @@ out=runs/overlap
 mkdir -p $out
 
 # mean of a metrics field over steps 3..8
-mean() { awk -v key="\"$2\": " '{ i = index($0, key); if (i && ++n > 2) { s += substr($0, i + length(key)) + 0; m++ } }
+mean() { awk -v key="\"$2\":" '{ i = index($0, key); if (i && ++n > 2) { s += substr($0, i + length(key)) + 0; m++ } }
                                  END { printf "%.1f", m ? s / m : 0 }' "$1"; }
 
 measure() {  # t, flags... -> "step_ms comm_ms exposed_ms"

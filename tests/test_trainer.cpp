@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cctype>
+#include <cmath>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -13,6 +14,7 @@
 #include <regex>
 #include <sstream>
 #include <string>
+#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "data/token_shards.h"
@@ -63,14 +65,14 @@ std::string tiny_train(const fs::path& dir, const std::string& extra) {
            (dir / "metrics.jsonl").string() + " train.threads=2 logging.every=1000 " + extra;
 }
 
-// "loss" of each line of a metrics file, as written (9 significant digits).
+// The field `name` of each line of a metrics file that has it, as written
+// (the number's shortest round-trip text). Every line must be valid JSON.
 std::vector<std::string> field(const fs::path& metrics, const std::string& name) {
     std::vector<std::string> values;
     std::ifstream in(metrics);
-    std::regex pattern("\"" + name + "\": ([-0-9.e+]+)");
     for (std::string line; std::getline(in, line);) {
-        std::smatch m;
-        if (std::regex_search(line, m, pattern)) values.push_back(m[1]);
+        const nlohmann::json record = nlohmann::json::parse(line);  // throws on a line that is not JSON
+        if (record.contains(name)) values.push_back(record[name].dump());
     }
     return values;
 }
@@ -186,23 +188,31 @@ TEST(Trainer, ResumeReproducesTheUninterruptedRunBitForBit) {
         << "the final weights differ";
 }
 
+// The validation loss an `eval` printed ("val loss X over ..."), as the float it was.
+float printed_val_loss(const std::string& out) {
+    std::smatch m;
+    if (!std::regex_search(out, m, std::regex("val loss ([-0-9.e+]+) over"))) return NAN;
+    return float(std::stod(m[1]));
+}
+
 TEST(Trainer, ACheckpointReloadsToTheSameLoss) {
     fs::path dir = scratch_dir();
     ASSERT_EQ(run(tiny_train(dir, "train.steps=20 train.warmup_steps=5 train.val_every=20"), dir).exit_code, 0);
     std::vector<std::string> val = field(dir / "metrics.jsonl", "val_loss");
     ASSERT_EQ(val.size(), 1u);
+    const float logged = float(std::stod(val[0]));  // the same float, bit for bit
     Outcome eval = run(tpsp_binary + " eval " + tiny + " data.val='" + corpus + "/val_*.bin' train.threads=2 checkpoint.init=" +
                        (dir / "ckpt" / "model_00000020.bin").string(),
                    dir);
     ASSERT_EQ(eval.exit_code, 0) << eval.err;
-    EXPECT_NE(eval.out.find("val loss " + val[0] + " "), std::string::npos) << eval.out << " vs " << val[0];
+    EXPECT_EQ(printed_val_loss(eval.out), logged) << eval.out << " vs " << val[0];
     // the config of a run on cuDNN's attention evaluates (on the CPU, with the explicit kernels) to the same
     Outcome cudnn_config = run(tpsp_binary + " eval " + tiny + " data.val='" + corpus +
                                    "/val_*.bin' train.threads=2 train.device=cuda model.attention=cudnn" +
                                    " checkpoint.init=" + (dir / "ckpt" / "model_00000020.bin").string(),
                                dir);
     ASSERT_EQ(cudnn_config.exit_code, 0) << cudnn_config.err;
-    EXPECT_NE(cudnn_config.out.find("val loss " + val[0] + " "), std::string::npos) << cudnn_config.out;
+    EXPECT_EQ(printed_val_loss(cudnn_config.out), logged) << cudnn_config.out;
 }
 
 TEST(Trainer, GradientAccumulationEqualsTheLargerBatch) {

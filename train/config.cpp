@@ -260,7 +260,7 @@ void validate(const Config& c, const std::string& where) {
         fail("model.attention", "cuDNN's fused attention needs a head size (model.channels / model.heads) "
                                 "that is a multiple of 8");
     if (c.train.device != "cpu" && c.parallel.emulated_link_gbps > 0)
-        fail("parallel.emulated_link_gbps", "the emulated link is a CPU measuring aid: it needs train.device: cpu");
+        fail("parallel.emulated_link.gbps", "the emulated link is a CPU measuring aid: it needs train.device: cpu");
 }
 
 }  // namespace

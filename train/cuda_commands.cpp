@@ -6,7 +6,7 @@
 
 namespace tpsp {
 
-template int train_on<CudaBackend>(const Config& cfg);
+template class Trainer<CudaBackend>;
 template void run_benchmark<CudaBackend>(const GPTConfig& config, const RunShape& shape, const BenchOptions& options,
                                          const char* label);
 

@@ -7,13 +7,16 @@
 //   tpsp prepare --tokenizer byte|gpt2 INPUT... OUT_DIR [options]
 //   tpsp sample  CHECKPOINT [--prompt TEXT] [--tokens N] ...
 //   tpsp config-reference
+//
+// The command line is CLI11's: every option is typed and a malformed value
+// is one line naming the option. The experiment itself is the YAML config
+// and its section.key=value overrides (train/config.h).
 #include <mpi.h>
 #include <omp.h>
 
-#include <algorithm>
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -22,7 +25,6 @@
 #endif
 #include "data/gpt2_tokenizer.h"
 #include "data/prepare.h"
-#include "model/checkpoint.h"
 #include "model/memory_report.h"
 #include "train/benchmark.h"
 #include "train/config.h"
@@ -31,49 +33,36 @@
 
 using namespace tpsp;
 
-static const char* usage =
-    "usage:\n"
-    "  tpsp train   CONFIG.yaml [section.key=value ...]   train as the config says\n"
-    "  tpsp eval    CONFIG.yaml checkpoint.init=FILE      validation loss of a checkpoint\n"
-    "  tpsp memory  CONFIG.yaml [section.key=value ...]   print the activation table and its formula\n"
-    "  tpsp bench   CONFIG.yaml [section.key=value ...] [--steps N] [--breakdown]\n"
-    "                                                     time forward+backward: ms, tokens/s, MFU;\n"
-    "                                                     --breakdown: and the time of each part\n"
-    "  tpsp prepare --tokenizer byte|gpt2 INPUT... OUT_DIR [--val-fraction F] [--shard-tokens N]\n"
-    "               [--tokenizer-dir DIR]                 text -> llm.c token shards\n"
-    "  tpsp sample  CHECKPOINT [--prompt TEXT] [--tokens N] [--temperature T] [--top-k K] [--seed S]\n"
-    "               [--tokenizer-dir DIR]                 generate text (KV cache), printed as it comes\n"
-    "  tpsp config-reference                              every config key, its type and default\n";
+namespace {
 
-// Splits "CONFIG key=value ... [--flag value ...]" into its parts.
+// CONFIG.yaml and its section.key=value overrides: the positionals of train, eval, memory and bench.
 struct ConfigArgs {
     std::string path;
     std::vector<std::string> overrides;
-    std::vector<std::pair<std::string, std::string>> flags;
+    Config load() const { return load_config(path, overrides); }
 };
 
-static ConfigArgs parse_config_args(int argc, char** argv, int first) {
-    ConfigArgs args;
-    for (int i = first; i < argc; i++) {
-        std::string a = argv[i];
-        if (a == "--breakdown") {  // the one option without a value
-            args.flags.push_back({a, ""});
-        } else if (a.rfind("--", 0) == 0) {
-            if (i + 1 >= argc) throw ConfigError("option " + a + " needs a value");
-            args.flags.push_back({a, argv[++i]});
-        } else if (a.find('=') != std::string::npos) {
-            args.overrides.push_back(a);
-        } else if (args.path.empty()) {
-            args.path = a;
-        } else {
-            throw ConfigError("unexpected argument '" + a + "' (overrides look like section.key=value)");
-        }
-    }
-    if (args.path.empty()) throw ConfigError("missing CONFIG.yaml\n" + std::string(usage));
-    return args;
+void add_config_arguments(CLI::App* command, ConfigArgs& args) {
+    command->add_option("config", args.path, "the experiment config (YAML)")->required();
+    command->add_option("overrides", args.overrides, "section.key=value, applied after the file");
 }
 
-static bool built_with_cuda() {
+// A number option's lower bound, said in one line. A value that is not a
+// number passes here and fails CLI11's conversion ("Could not convert").
+CLI::Validator at_least(double min) {
+    return CLI::Validator(
+        [min](std::string& text) -> std::string {
+            char* end = nullptr;
+            const double value = std::strtod(text.c_str(), &end);
+            if (text.empty() || *end || value >= min) return "";
+            char message[96];
+            std::snprintf(message, sizeof message, "must be at least %g, got %s", min, text.c_str());
+            return message;
+        },
+        "", "at least");
+}
+
+bool built_with_cuda() {
 #ifdef TPSP_WITH_CUDA
     return true;
 #else
@@ -81,7 +70,7 @@ static bool built_with_cuda() {
 #endif
 }
 
-static bool built_with_cudnn() {
+bool built_with_cudnn() {
 #ifdef TPSP_WITH_CUDNN
     return true;
 #else
@@ -89,7 +78,7 @@ static bool built_with_cudnn() {
 #endif
 }
 
-static int visible_gpus() {
+int visible_gpus() {
 #ifdef TPSP_WITH_CUDA
     return CudaBackend::device_count();
 #else
@@ -100,7 +89,7 @@ static int visible_gpus() {
 // train.device resolved: auto is cuda where this build has it and a GPU is
 // visible, else cpu. `needs_gpu`: the command computes (train, bench), so
 // cuda must also have a GPU; `tpsp memory` reports a GPU run anywhere.
-static Device resolve_device(const Config& cfg, bool needs_gpu) {
+Device resolve_device(const Config& cfg, bool needs_gpu) {
     const std::string& device = cfg.train.device;
     if (device == "cpu") return Device::cpu;
     if (device == "auto" && !(built_with_cuda() && visible_gpus() > 0)) {
@@ -119,23 +108,25 @@ static Device resolve_device(const Config& cfg, bool needs_gpu) {
     return Device::cuda;
 }
 
-static int command_memory(const ConfigArgs& args) {
-    Config cfg = load_config(args.path, args.overrides);
-    for (const auto& flag : args.flags) throw ConfigError("tpsp memory: unknown option " + flag.first);
-    TensorParallelism tp{cfg.parallel.tp, 0, cfg.parallel.sequence_parallel, cfg.overlap()};
-    MemoryReport report = memory_report(cfg.gpt(), cfg.run_shape(), tp, resolve_device(cfg, false));
+int command_train(const ConfigArgs& args) {
+    const Config cfg = args.load();
+    [[maybe_unused]] const bool on_gpu = resolve_device(cfg, true) == Device::cuda;  // only in a CUDA build
+#ifdef TPSP_WITH_CUDA
+    if (on_gpu) return train_on<CudaBackend>(cfg);
+#endif
+    return train_on<CpuBackend>(cfg);
+}
+
+int command_memory(const ConfigArgs& args) {
+    const Config cfg = args.load();
+    const TensorParallelism tp{cfg.parallel.tp, 0, cfg.parallel.sequence_parallel, cfg.overlap()};
+    const MemoryReport report = memory_report(cfg.gpt(), cfg.run_shape(), tp, resolve_device(cfg, false));
     std::fputs(report.text.c_str(), stdout);
     return report.block_bytes == report.block_formula_bytes ? 0 : 1;
 }
 
-static int command_bench(const ConfigArgs& args) {
-    Config cfg = load_config(args.path, args.overrides);
-    BenchOptions options;
-    for (const auto& [flag, value] : args.flags) {
-        if (flag == "--steps") options.steps = std::max(1, std::atoi(value.c_str()));
-        else if (flag == "--breakdown") options.breakdown = true;
-        else throw ConfigError("tpsp bench: unknown option " + flag);
-    }
+int command_bench(const ConfigArgs& args, const BenchOptions& options) {
+    const Config cfg = args.load();
     if (cfg.train.threads > 0) omp_set_num_threads(cfg.train.threads);
     const bool on_gpu = resolve_device(cfg, true) == Device::cuda;  // only in a CUDA build
 #ifdef TPSP_WITH_CUDA
@@ -145,112 +136,113 @@ static int command_bench(const ConfigArgs& args) {
     return 0;
 }
 
-static int command_train(const ConfigArgs& args) {
-    for (const auto& flag : args.flags) throw ConfigError("tpsp train: unknown option " + flag.first);
-    Config cfg = load_config(args.path, args.overrides);
-    [[maybe_unused]] const bool on_gpu = resolve_device(cfg, true) == Device::cuda;  // only in a CUDA build
-#ifdef TPSP_WITH_CUDA
-    if (on_gpu) return train_on<CudaBackend>(cfg);
-#endif
-    return train_on<CpuBackend>(cfg);
-}
-
-static int command_prepare(int argc, char** argv) {
-    std::vector<std::string> paths;  // the inputs, then OUT_DIR last
-    PrepareOptions options;
-    options.tokenizer.clear();
-    options.tokenizer_dir = "data/gpt2_tokenizer";
-    for (int i = 2; i < argc; i++) {
-        std::string a = argv[i];
-        bool has_value = i + 1 < argc;
-        if (a == "--tokenizer" && has_value) options.tokenizer = argv[++i];
-        else if (a == "--tokenizer-dir" && has_value) options.tokenizer_dir = argv[++i];
-        else if (a == "--val-fraction" && has_value) options.val_fraction = std::atof(argv[++i]);
-        else if (a == "--shard-tokens" && has_value) options.shard_tokens = std::atoll(argv[++i]);
-        else if (a.rfind("--", 0) == 0) throw ConfigError("tpsp prepare: unknown option " + a);
-        else paths.push_back(a);
-    }
-    if (options.tokenizer != "byte" && options.tokenizer != "gpt2")
-        throw ConfigError("tpsp prepare: --tokenizer must be byte or gpt2 (got '" + options.tokenizer + "')");
+int command_prepare(std::vector<std::string> paths, const PrepareOptions& options) {
     if (paths.size() < 2) throw ConfigError("tpsp prepare: need INPUT... and OUT_DIR");
     if (!(options.val_fraction > 0 && options.val_fraction < 1))
         throw ConfigError("tpsp prepare: --val-fraction must be in (0, 1)");
-    if (options.shard_tokens < 1) throw ConfigError("tpsp prepare: --shard-tokens must be ≥ 1");
-    std::string out_dir = paths.back();
+    const std::string out_dir = paths.back();
     paths.pop_back();
     prepare_shards(paths, out_dir, options);
     return 0;
 }
 
-static int command_sample(int argc, char** argv) {
+// The command line, parsed; runs the command it names. Errors that reach
+// here are the same on every rank (the command line, the config): rank 0
+// says them, every rank exits non-zero.
+int run_command(int argc, char** argv, bool lead) {
+    CLI::App app{"tpsp: a GPT-2 trainer with tensor and sequence parallelism, every pass written by hand", "tpsp"};
+    app.require_subcommand(1);
+
+    ConfigArgs train_args, eval_args, memory_args, bench_args;
+    CLI::App* train = app.add_subcommand("train", "train as the config says");
+    add_config_arguments(train, train_args);
+    CLI::App* eval = app.add_subcommand("eval", "validation loss of checkpoint.init");
+    add_config_arguments(eval, eval_args);
+    CLI::App* memory = app.add_subcommand("memory", "the saved-activation table and its formula, per rank");
+    add_config_arguments(memory, memory_args);
+    CLI::App* bench = app.add_subcommand("bench", "time forward+backward: ms, tokens/s, MFU");
+    add_config_arguments(bench, bench_args);
+    BenchOptions bench_options;
+    bench->add_option("--steps", bench_options.steps, "timed steps (after 2 of warm-up)")
+        ->check(at_least(1));
+    bench->add_flag("--breakdown", bench_options.breakdown, "and one more step, timed part by part");
+
+    CLI::App* prepare = app.add_subcommand("prepare", "text files -> llm.c token shards");
+    std::vector<std::string> prepare_paths;
+    PrepareOptions prepare_options;
+    prepare_options.tokenizer_dir = "data/gpt2_tokenizer";
+    prepare->add_option("paths", prepare_paths, "INPUT... OUT_DIR")->required();
+    prepare->add_option("--tokenizer", prepare_options.tokenizer, "byte (vocabulary 256) or gpt2")
+        ->required()
+        ->check(CLI::IsMember({"byte", "gpt2"}));
+    prepare->add_option("--tokenizer-dir", prepare_options.tokenizer_dir, "gpt2: encoder.json and vocab.bpe")
+        ->capture_default_str();
+    prepare->add_option("--val-fraction", prepare_options.val_fraction, "share of the tokens for validation, in (0, 1)")
+        ->capture_default_str();
+    prepare->add_option("--shard-tokens", prepare_options.shard_tokens, "tokens per shard at most")
+        ->check(at_least(1))
+        ->capture_default_str();
+
+    CLI::App* sample = app.add_subcommand("sample", "generate text from a checkpoint (KV cache)");
     std::string checkpoint;
-    SampleOptions options;
-    for (int i = 2; i < argc; i++) {
-        std::string a = argv[i];
-        bool has_value = i + 1 < argc;
-        auto number = [&](const char* what) {
-            char* end = nullptr;
-            double v = std::strtod(argv[++i], &end);
-            if (*end) throw ConfigError(std::string("tpsp sample: ") + what + ": expected a number, got '" + argv[i] + "'");
-            return v;
-        };
-        if (a == "--prompt" && has_value) options.prompt = argv[++i];
-        else if (a == "--tokens" && has_value) options.tokens = int(number("--tokens"));
-        else if (a == "--temperature" && has_value) options.temperature = float(number("--temperature"));
-        else if (a == "--top-k" && has_value) options.top_k = int(number("--top-k"));
-        else if (a == "--seed" && has_value) options.seed = uint64_t(number("--seed"));
-        else if (a == "--tokenizer-dir" && has_value) options.tokenizer_dir = argv[++i];
-        else if (a.rfind("--", 0) == 0) throw ConfigError("tpsp sample: unknown option (or missing value) " + a);
-        else if (checkpoint.empty()) checkpoint = a;
-        else throw ConfigError("tpsp sample: unexpected argument '" + a + "'");
+    SampleOptions sample_options;
+    sample->add_option("checkpoint", checkpoint, "an llm.c model file (model_N.bin)")->required();
+    sample->add_option("--prompt", sample_options.prompt, "text to continue");
+    sample->add_option("--tokens", sample_options.tokens, "tokens to generate")
+        ->check(at_least(0))
+        ->capture_default_str();
+    sample->add_option("--temperature", sample_options.temperature, "0 takes the most likely token")
+        ->check(at_least(0))
+        ->capture_default_str();
+    sample->add_option("--top-k", sample_options.top_k, "draw among the k most likely; 0 is all")
+        ->check(at_least(0))
+        ->capture_default_str();
+    sample->add_option("--seed", sample_options.seed, "of the draws")->check(at_least(0))->capture_default_str();
+    sample->add_option("--tokenizer-dir", sample_options.tokenizer_dir, "GPT-2 vocabulary models: its files")
+        ->capture_default_str();
+
+    CLI::App* reference = app.add_subcommand("config-reference", "every config key, its type and default");
+
+    const auto named = [&](const CLI::App* command) { return command->get_name() == argv[1]; };
+    if (argc > 1 && argv[1][0] != '-' && app.get_subcommands(named).empty()) {
+        if (lead) std::fprintf(stderr, "tpsp: unknown command '%s' (tpsp --help lists the commands)\n", argv[1]);
+        return 2;
     }
-    if (checkpoint.empty()) throw ConfigError("tpsp sample: missing CHECKPOINT");
-    if (options.tokens < 0 || options.temperature < 0 || options.top_k < 0)
-        throw ConfigError("tpsp sample: --tokens, --temperature and --top-k must be ≥ 0");
-    return sample_command(checkpoint, options);
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::CallForHelp&) {
+        if (lead) std::fputs(app.help().c_str(), stdout);
+        return 0;
+    } catch (const CLI::CallForAllHelp&) {
+        if (lead) std::fputs(app.help("", CLI::AppFormatMode::All).c_str(), stdout);
+        return 0;
+    } catch (const CLI::ParseError& e) {
+        if (lead) {
+            const CLI::App* command = app.get_subcommands().empty() ? nullptr : app.get_subcommands().front();
+            std::fprintf(stderr, "tpsp%s%s: %s (tpsp%s%s --help lists the options)\n", command ? " " : "",
+                         command ? command->get_name().c_str() : "", e.what(), command ? " " : "",
+                         command ? command->get_name().c_str() : "");
+        }
+        return 2;
+    }
+    if (train->parsed()) return command_train(train_args);
+    if (eval->parsed()) return evaluate(eval_args.load());
+    if (memory->parsed()) return command_memory(memory_args);
+    if (bench->parsed()) return command_bench(bench_args, bench_options);
+    if (prepare->parsed()) return command_prepare(prepare_paths, prepare_options);
+    if (sample->parsed()) return sample_command(checkpoint, sample_options);
+    if (reference->parsed()) std::fputs(config_reference().c_str(), stdout);
+    return 0;
 }
 
-static int world_rank() {
+// One line for any error a command throws: what the user can fix says what
+// to fix; anything else is still one line, not an abort.
+int report_errors(int argc, char** argv) {
     int rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    return rank;
-}
-
-// Errors that reach main are the same on every rank (the config, the
-// command line): rank 0 says it, every rank exits 1.
-static int run_command(int argc, char** argv);
-
-int main(int argc, char** argv) {
-    MPI_Init(&argc, &argv);
-    int code = run_command(argc, argv);
-    MPI_Finalize();
-    return code;
-}
-
-static int run_command(int argc, char** argv) {
-    const bool lead = world_rank() == 0;
-    if (argc < 2 || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "--help")) {
-        if (lead) std::fputs(usage, argc < 2 ? stderr : stdout);
-        return argc < 2 ? 2 : 0;
-    }
-    std::string command = argv[1];
+    const bool lead = rank == 0;
     try {
-        if (command == "train") return command_train(parse_config_args(argc, argv, 2));
-        if (command == "eval") {
-            ConfigArgs args = parse_config_args(argc, argv, 2);
-            for (const auto& flag : args.flags) throw ConfigError("tpsp eval: unknown option " + flag.first);
-            return evaluate(load_config(args.path, args.overrides));
-        }
-        if (command == "memory") return command_memory(parse_config_args(argc, argv, 2));
-        if (command == "bench") return command_bench(parse_config_args(argc, argv, 2));
-        if (command == "prepare") return command_prepare(argc, argv);
-        if (command == "sample") return command_sample(argc, argv);
-        if (command == "config-reference") {
-            std::fputs(config_reference().c_str(), stdout);
-            return 0;
-        }
-        if (lead) std::fprintf(stderr, "tpsp: unknown command '%s'\n%s", command.c_str(), usage);
-        return 2;
+        return run_command(argc, argv, lead);
     } catch (const ConfigError& e) {
         if (lead) std::fprintf(stderr, "tpsp: config error: %s\n", e.what());
     } catch (const FileError& e) {
@@ -265,4 +257,13 @@ static int run_command(int argc, char** argv) {
         if (lead) std::fprintf(stderr, "tpsp: internal error: %s\n", e.what());
     }
     return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    MPI_Init(&argc, &argv);
+    const int code = report_errors(argc, argv);
+    MPI_Finalize();
+    return code;
 }

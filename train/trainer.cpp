@@ -13,7 +13,7 @@ int trainer_detail::local_rank() {
     return 0;
 }
 
-template int train_on<CpuBackend>(const Config& cfg);
+template class Trainer<CpuBackend>;
 
 int evaluate(const Config& cfg) {
     if (cfg.train.threads > 0) omp_set_num_threads(cfg.train.threads);

@@ -1,13 +1,80 @@
-// The step loop of `tpsp train` (trainer_impl.h), and `tpsp eval`.
+// `tpsp train` and `tpsp eval`. The trainer is a small type whose named
+// steps are the outline of a training run (trainer_impl.h defines them):
+//
+//   set_up()   every rank builds its grid, loaders, model and optimizer and
+//              restores the weights; anything a user got wrong ends here
+//   run()      for each step: train_step(), then log(), and when due
+//              validation_loss(), sample() and save()
 #pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "data/token_shards.h"
+#include "model/gpt.h"
+#include "model/sampler.h"
+#include "parallel/process_grid.h"
+#include "parallel/trace.h"
+#include "train/adamw.h"
 #include "train/config.h"
+#include "train/metrics.h"
+#include "train/run_checkpoint.h"
 
 namespace tpsp {
+
+template <class Backend>
+class Trainer {
+public:
+    explicit Trainer(const Config& config);
+    // Collective: true when every rank is ready; else the lowest failing
+    // rank has printed its one line and every rank returns false.
+    bool set_up();
+    // The step loop, from the restored step to train.steps; returns the exit code.
+    int run();
+
+private:
+    using Comm = typename Backend::Comm;
+    void build();                         // set_up's work on this rank
+    void restore();                       // checkpoint.resume, checkpoint.init, or random weights
+    void print_header() const;
+    StepMetrics train_step(int step);     // one optimizer step: micro-batches, reductions, clip, AdamW
+    float validation_loss();              // mean over train.val_batches batches of every DP rank
+    void log(const StepMetrics& m, bool last);
+    void sample(int done);                // a short text from the model (rank 0 prints)
+    void save(int done);                  // checkpoint.dir: model, state, latest
+    void write_trace();
+
+    const Config& cfg_;
+    const GPTConfig gpt_;
+    const RunShape shape_;
+    const LrSchedule schedule_;
+    ProcessGrid grid_;
+    Tracer tracer_;
+    std::unique_ptr<typename Backend::Runtime> runtime_;  // the GPU this rank drives, on CUDA
+    std::unique_ptr<Comm> tp_comm_, dp_comm_;            // the model's and the gradients' groups
+    std::unique_ptr<TokenLoader> train_loader_, val_loader_;
+    std::unique_ptr<GPTModel<Backend>> model_;
+    std::unique_ptr<AdamWOptimizer<Backend>> optimizer_;
+    std::unique_ptr<ShardGatherer<Backend>> gatherer_;    // for checkpoints and samples
+    std::unique_ptr<Generator> sampler_;
+    std::vector<std::string> token_text_;                 // what each token prints as, for samples
+    std::vector<int> sample_prompt_;                      // a sample's first token
+    MetricsFile metrics_;
+    int start_step_ = 0;
+    int tokens_per_step_ = 0;
+    double flops_per_step_ = 0.0;   // model FLOPs of this rank's share of a step
+    double peak_flops_ = 0.0;
+    std::vector<int> inputs_, targets_;  // one micro-batch [b, s], on the host
+};
 
 // Trains as the config says on one backend (CpuBackend, or CudaBackend in a
 // CUDA build); returns the process exit code. train.device picks (main.cpp).
 template <class Backend>
-int train_on(const Config& config);
+int train_on(const Config& config) {
+    Trainer<Backend> trainer(config);
+    if (!trainer.set_up()) return 1;
+    return trainer.run();
+}
 
 // Loads checkpoint.init and prints the validation loss over
 // train.val_batches batches, the same measurement train makes (CPU).

@@ -1,0 +1,40 @@
+// What one optimizer step did, and the metrics file that records it: one
+// JSON object per step (JSON lines), written with nlohmann-json so that every
+// line is valid JSON (a non-finite number is written as null).
+#pragma once
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+#include "parallel/communicator.h"
+
+namespace tpsp {
+
+struct StepMetrics {
+    int step = 0;  // optimizer steps done
+    double loss = 0.0;
+    float lr = 0.0f, grad_norm = 0.0f;
+    double seconds = 0.0, tokens_per_second = 0.0;
+    double mfu = 0.0;         // model FLOP/s over the backend's peak, a fraction
+    CollectiveBytes bytes;    // what the TP group's collectives moved
+    CommunicationTime comm;   // and how long they took (exposed: waited for)
+    float val_loss = NAN;     // NaN where no validation ran at this step
+};
+
+class MetricsFile {
+public:
+    MetricsFile() = default;
+    MetricsFile(const MetricsFile&) = delete;
+    MetricsFile& operator=(const MetricsFile&) = delete;
+    ~MetricsFile();
+    // Creates the file's folder; appends when resuming. Throws FileError.
+    void open(const std::string& path, bool append);
+    bool is_open() const { return file_ != nullptr; }
+    // One line, flushed.
+    void write(const StepMetrics& m);
+
+private:
+    FILE* file_ = nullptr;
+};
+
+}  // namespace tpsp

@@ -1,0 +1,136 @@
+// A training run on disk: per saved step, llm.c's model file (model_N.bin,
+// the whole model, readable by llm.c) beside tpsp's state file (state_N.bin:
+// the step, the data loader's position and AdamW's moments), and `latest`
+// naming the last complete pair. Both files hold the whole model in llm.c's
+// order, independent of t: a run saved at one TP size resumes at any other.
+#pragma once
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/files.h"
+#include "model/checkpoint.h"
+#include "model/gpt.h"
+#include "parallel/process_grid.h"
+#include "train/adamw.h"
+
+namespace tpsp {
+
+// state_N.bin: int64 magic, step, loader position, parameter count, then m and v as fp32.
+constexpr int64_t state_magic = 0x7470737073746174;  // "tpspstat"
+
+inline std::string step_file(const std::string& dir, const char* stem, int step) {
+    char name[64];
+    std::snprintf(name, sizeof name, "/%s_%08d.bin", stem, step);
+    return dir + name;
+}
+
+// Assembles the whole model's tensor from the shards of one TP group, on the host.
+template <class Backend>
+class ShardGatherer {
+public:
+    ShardGatherer(const GPTModel<Backend>& model, ProcessGrid& grid)
+        : model_(model), grid_(grid), full_(size_t(full_parameter_count(model.config))),
+          local_(size_t(model.num_parameters)), shards_(size_t(model.num_parameters) * grid.tp) {}
+    // Where gather() assembles the whole model (the same buffer every time).
+    const float* full() const { return full_.data(); }
+    // Collective over the TP group of dp rank 0; the result is valid on world rank 0.
+    // local: this rank's shard, in the backend's memory.
+    const float* gather(const float* local) {
+        Backend::download(local_.data(), local, local_.size() * sizeof(float));
+        grid_.tp_group.gather(local_.data(), shards_.data(), size_t(model_.num_parameters), 0);
+        if (grid_.tp_rank == 0)
+            for (int r = 0; r < grid_.tp; r++)
+                copy_parameter_shards(model_.config, grid_.tp, r, full_.data(),
+                                      shards_.data() + size_t(r) * model_.num_parameters,
+                                      ShardDirection::shard_to_full);
+        return full_.data();
+    }
+
+private:
+    const GPTModel<Backend>& model_;
+    ProcessGrid& grid_;
+    std::vector<float> full_, local_, shards_;
+};
+
+// Saves step `step` into dir: the model file, the state file, then `latest`.
+// Collective over the TP group of dp rank 0; world rank 0 writes.
+template <class Backend>
+void save_run(const std::string& dir, GPTModel<Backend>& model, const AdamWOptimizer<Backend>& opt,
+              ProcessGrid& grid, ShardGatherer<Backend>& gatherer, int step, int64_t loader_position) {
+    if (grid.dp_rank != 0) return;  // every DP replica holds the same model
+    const int64_t n = full_parameter_count(model.config);
+    const bool writer = grid.world_rank == 0;
+    if (writer) {
+        std::error_code ec;
+        std::filesystem::create_directories(dir, ec);
+        if (ec) throw FileError(dir + ": cannot create checkpoint directory (" + ec.message() + ")");
+    }
+    const float* params = gatherer.gather(model.params.wte);
+    if (writer) save_checkpoint(model.config, params, step_file(dir, "model", step));
+    // the moments pass through the gatherer's one buffer in turn
+    std::unique_ptr<AtomicFile> state;
+    if (writer) {
+        state = std::make_unique<AtomicFile>(step_file(dir, "state", step));
+        const int64_t head[4] = {state_magic, step, loader_position, n};
+        state->write(head, sizeof head);
+    }
+    for (const float* moment : {opt.m, opt.v}) {
+        const float* full = gatherer.gather(moment);
+        if (writer) state->write(full, size_t(n) * 4);
+    }
+    if (!writer) return;
+    state->commit();
+    std::string latest = std::to_string(step) + "\n";
+    write_file_atomically(dir + "/latest", {{latest.data(), latest.size()}});  // last: the pair is complete
+}
+
+// This rank's shard of a checkpoint's weights, into the model.
+template <class Backend>
+void load_weights(GPTModel<Backend>& model, const std::string& path) {
+    std::vector<float> shard(static_cast<size_t>(model.num_parameters));
+    read_checkpoint_shard(model.config, model.tp.size, model.tp.rank, path, shard.data());
+    Backend::upload(model.params.wte, shard.data(), shard.size() * sizeof(float));
+}
+
+struct ResumedRun {
+    int step;
+    int64_t loader_position;
+};
+
+// The run saved in dir, at its `latest` step, into the model and optimizer (this rank's shards).
+template <class Backend>
+ResumedRun load_run(const std::string& dir, GPTModel<Backend>& model, AdamWOptimizer<Backend>& opt) {
+    std::ifstream latest(dir + "/latest");
+    int step = -1;
+    if (!(latest >> step) || step < 0)
+        throw FileError(dir + "/latest: missing or unreadable: not a tpsp run directory");
+    load_weights(model, step_file(dir, "model", step));
+    std::string path = step_file(dir, "state", step);
+    const int64_t n = full_parameter_count(model.config);
+    std::error_code ec;
+    uintmax_t size = std::filesystem::file_size(path, ec);
+    if (ec || size != 32 + uintmax_t(n) * 8)
+        throw FileError(path + ": optimizer state is " + std::to_string(ec ? 0 : size) + " bytes, expected " +
+                        std::to_string(32 + n * 8));
+    std::ifstream in(path, std::ios::binary);
+    int64_t head[4];
+    in.read(reinterpret_cast<char*>(head), 32);
+    if (head[0] != state_magic || head[1] != step || head[3] != n)
+        throw FileError(path + ": not the optimizer state of step " + std::to_string(step) + " of this model");
+    std::vector<float> full(static_cast<size_t>(n)), shard(static_cast<size_t>(model.num_parameters));
+    for (float* moment : {opt.m, opt.v}) {
+        in.read(reinterpret_cast<char*>(full.data()), n * 4);
+        if (!in) throw FileError(path + ": optimizer state is truncated");
+        copy_parameter_shards(model.config, model.tp.size, model.tp.rank, full.data(), shard.data(),
+                              ShardDirection::full_to_shard);
+        Backend::upload(moment, shard.data(), shard.size() * sizeof(float));
+    }
+    return {step, head[2]};
+}
+
+}  // namespace tpsp
