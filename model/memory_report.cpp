@@ -75,8 +75,9 @@ static MemoryReport report(const GPTConfig& c, const RunShape& r, const TensorPa
     m.text += line;
     m.text += format_table("saved outside the blocks (not part of the per-block formula):", outside_table,
                            activation);
-    m.text += "\n" + format_table("workspace, reused from block to block (gradients, scratch; not saved):",
-                                  workspace_table_, activation);
+    m.text += '\n';
+    m.text += format_table("workspace, reused from block to block (gradients, scratch; not saved):",
+                           workspace_table_, activation);
     std::snprintf(line, sizeof line,
                   "\nsaved activations: %d blocks × %s + outside %s = %s\n"
                   "workspace %s | parameters %s (and as much again for gradients)\n",

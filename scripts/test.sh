@@ -1,15 +1,69 @@
 #!/usr/bin/env bash
-# Installs what is missing, builds, and runs the whole test suite with ctest; then builds the
-# one-rank variant without MPI (what scripts/gpu_check.sh builds on a GPU box; here also without cuDNN,
-# so that the CUDA backend's build without it is compiled too) and trains 3 steps with it.
+# Installs what is missing, builds (warnings are errors), and runs the whole test suite with ctest:
+# the unit tests first, then the rest. Then the sanitized build (ASan+UBSan, CPU only) runs the unit
+# and the mpi tests. Then builds the one-rank variant without MPI (what scripts/gpu_check.sh builds on
+# a GPU box; here also without cuDNN, so that the CUDA backend's build without it is compiled too) and
+# trains 3 steps with it. Prints the time of each phase at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/install_deps.sh
-scripts/build.sh
-ctest --test-dir build --output-on-failure -j"$(nproc)"
+jobs="$(nproc)"
 
-echo "== the build without MPI and without cuDNN (-DTPSP_MPI=OFF -DTPSP_CUDNN=OFF)"
-cmake -S . -B build-nompi -G Ninja -DCMAKE_BUILD_TYPE=Release -DTPSP_MPI=OFF -DTPSP_CUDNN=OFF > /dev/null
-cmake --build build-nompi -j"$(nproc)" --target tpsp tpsp_gpu_tests
+phases=()
+phase_name=""
+phase_start=$SECONDS
+phase() {  # ends the phase under way (if any) and starts the next one
+  if [ -n "$phase_name" ]; then phases+=("$(printf '%5ds  %s' $((SECONDS - phase_start)) "$phase_name")"); fi
+  phase_name="$1"
+  phase_start=$SECONDS
+  [ -z "$phase_name" ] || echo "== $phase_name"
+}
+# a build whose log has a warning fails, even one that -Werror does not turn into an error
+# (the linker's, ptxas')
+build() {
+  local log
+  log=$(mktemp)
+  cmake --build "$@" 2>&1 | tee "$log"
+  if grep -v '^\[[0-9]*/[0-9]*\] ' "$log" | grep -qi 'warning'; then
+    echo "test.sh: the build of $1 printed warnings" >&2
+    rm -f "$log"
+    exit 1
+  fi
+  rm -f "$log"
+}
+
+phase "dependencies"
+scripts/install_deps.sh
+
+phase "build (Release, CUDA where nvcc is found, -DTPSP_WERROR=ON)"
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DTPSP_WERROR=ON > /dev/null
+build build -j"$jobs"
+
+phase "unit tests (ctest -L unit)"
+ctest --test-dir build -L unit --output-on-failure -j"$jobs"
+
+phase "the other tests (ctest -LE unit: e2e, mpi, network, gpu)"
+ctest --test-dir build -LE unit --output-on-failure -j"$jobs"
+
+phase "sanitized build (ASan+UBSan, RelWithDebInfo, CPU only)"
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTPSP_SANITIZE=ON -DTPSP_CUDA=OFF > /dev/null
+build build-asan -j"$jobs"
+
+phase "sanitized unit tests (ctest -L unit)"
+ctest --test-dir build-asan -L unit --output-on-failure -j"$jobs"
+
+# the tests that call MPI_Init run with LeakSanitizer's suppressions of Open MPI's own allocations
+# (tests/sanitizer/lsan_suppressions.txt, set by tests/CMakeLists.txt)
+phase "sanitized mpi tests (ctest -L mpi)"
+ctest --test-dir build-asan -L mpi --output-on-failure -j"$jobs"
+
+phase "build without MPI and without cuDNN (-DTPSP_MPI=OFF -DTPSP_CUDNN=OFF, -DTPSP_WERROR=ON), 3 steps"
+cmake -S . -B build-nompi -G Ninja -DCMAKE_BUILD_TYPE=Release -DTPSP_MPI=OFF -DTPSP_CUDNN=OFF -DTPSP_WERROR=ON \
+  > /dev/null
+build build-nompi -j"$jobs" --target tpsp tpsp_gpu_tests
 build-nompi/tpsp train configs/tiny.yaml train.steps=3 train.val_every=0 checkpoint.dir= logging.metrics= \
   data.train='build/corpus/train_*.bin' data.val= | tail -1
+
+phase ""
+echo "== time of each phase"
+printf '%s\n' "${phases[@]}"
+printf '%5ds  total\n' "$SECONDS"

@@ -262,7 +262,8 @@ TEST(TensorParallelTraining, LossesOfTwoAndFourRanksEqualOneRank) {
     if (!have_mpirun()) GTEST_SKIP() << "mpirun not installed";
     fs::path root = scratch_dir();
     auto losses = [&](int t, bool sp) {
-        fs::path dir = root / ("t" + std::to_string(t) + (sp ? "sp" : "tp"));
+        fs::path dir = root / "t";
+        dir += std::to_string(t) + (sp ? "sp" : "tp");
         fs::create_directories(dir);
         std::string args = short_run + "parallel.tp=" + std::to_string(t) +
                            " parallel.sequence_parallel=" + (sp ? "true" : "false");
