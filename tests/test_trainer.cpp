@@ -420,7 +420,8 @@ TEST(TensorParallelTraining, ACheckpointSavedAtTwoRanksResumesAtOneAndFour) {
     ASSERT_EQ(reference.size(), 20u);
     for (int t : {1, 4}) {
         SCOPED_TRACE("resumed at t=" + std::to_string(t));
-        fs::path cut = root / ("t" + std::to_string(t));
+        fs::path cut = root / "t";
+        cut += std::to_string(t);
         fs::create_directories(cut);
         fs::copy(whole / "ckpt", cut / "ckpt");
         std::ofstream(cut / "ckpt" / "latest") << "10\n";

@@ -89,6 +89,8 @@ Key string_key(std::string name, std::string& (*field)(Config&), std::vector<std
             [=](Config c) { return "\"" + field(c) + "\""; }};
 }
 
+// One row per key, in the order the reference lists them.
+// clang-format off
 const std::vector<Key>& keys() {
     static const std::vector<Key> all = {
         int_key("model.layers", [](Config& c) -> int& { return c.model.layers; }, 1, "transformer blocks L"),
@@ -194,6 +196,7 @@ const std::vector<Key>& keys() {
     };
     return all;
 }
+// clang-format on
 
 const Key* find_key(const std::string& name) {
     for (const Key& k : keys())
