@@ -30,7 +30,8 @@ void AtomicFile::commit() {
     ok_ = std::fclose(file_) == 0 && ok_;
     file_ = nullptr;
     if (!ok_) throw FileError(tmp_ + ": write failed (disk full?)");
-    if (std::rename(tmp_.c_str(), path_.c_str()) != 0) throw FileError(path_ + ": cannot rename " + tmp_ + " into place");
+    if (std::rename(tmp_.c_str(), path_.c_str()) != 0)
+        throw FileError(path_ + ": cannot rename " + tmp_ + " into place");
     committed_ = true;
 }
 

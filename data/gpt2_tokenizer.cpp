@@ -24,8 +24,8 @@ const char* const js_space =
 
 std::string gpt2_pattern() {
     std::string s = std::string("[") + js_space + "]", not_s = std::string("[^") + js_space + "]";
-    return "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^" + std::string(js_space) + "\\p{L}\\p{N}]+|" + s +
-           "+(?!" + not_s + ")|" + s + "+";
+    return "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^" + std::string(js_space) + "\\p{L}\\p{N}]+|" + s + "+(?!" +
+           not_s + ")|" + s + "+";
 }
 
 // GPT-2's reversible map from bytes to printable characters (the vocabulary
@@ -111,8 +111,8 @@ GPT2Tokenizer::GPT2Tokenizer(const std::string& dir) : regex_(std::make_unique<R
     std::string pattern = gpt2_pattern();
     int error;
     PCRE2_SIZE error_at;
-    regex_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.c_str()), pattern.size(),
-                                 PCRE2_UTF | PCRE2_UCP, &error, &error_at, nullptr);
+    regex_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.c_str()), pattern.size(), PCRE2_UTF | PCRE2_UCP,
+                                 &error, &error_at, nullptr);
     if (!regex_->code) throw std::logic_error("GPT-2 pattern does not compile");
     pcre2_jit_compile(regex_->code, PCRE2_JIT_COMPLETE);  // where JIT is available; plain matching otherwise
 }
@@ -218,7 +218,8 @@ LlmcTokenizer read_llmc_tokenizer(const std::string& path) {
     for (uint32_t i = 0; i < header[2]; i++) {
         if (at >= data.size()) throw FileError(path + ": truncated at token " + std::to_string(i));
         size_t length = uint8_t(data[at++]);
-        if (length == 0 || at + length > data.size()) throw FileError(path + ": truncated at token " + std::to_string(i));
+        if (length == 0 || at + length > data.size())
+            throw FileError(path + ": truncated at token " + std::to_string(i));
         t.token_bytes.push_back(data.substr(at, length));
         at += length;
     }

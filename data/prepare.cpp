@@ -59,8 +59,8 @@ void write_split(const std::vector<uint16_t>& tokens, const std::string& out_dir
         std::snprintf(name, sizeof name, "/train_%06d.bin", shard);
         write_token_shard(out_dir + name, std::vector<uint16_t>(train.begin() + at, train.begin() + end));
     }
-    std::printf("wrote %zu train tokens in %d shard(s) and %zu validation tokens to %s (vocabulary %d)\n",
-                train.size(), shard, val.size(), out_dir.c_str(), vocab_size);
+    std::printf("wrote %zu train tokens in %d shard(s) and %zu validation tokens to %s (vocabulary %d)\n", train.size(),
+                shard, val.size(), out_dir.c_str(), vocab_size);
 }
 
 }  // namespace

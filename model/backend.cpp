@@ -57,8 +57,8 @@ double CpuBackend::peak_flops() {
     double best = 1e30;
     for (int rep = 0; rep < 11; rep++) {
         auto start = std::chrono::steady_clock::now();
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f,
-                    c.data(), n);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(),
+                    n);
         double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         if (rep > 0) best = std::min(best, seconds);
     }

@@ -64,8 +64,8 @@ concept ModelBackend = requires(void* dst, const void* src, size_t bytes, float*
 };
 
 struct CpuBackend {
-    using Act = float;           // activation element: e = 4
-    using Comm = Communicator;   // MPI
+    using Act = float;          // activation element: e = 4
+    using Comm = Communicator;  // MPI
     // what a rank holds while it computes: nothing on the CPU (a GPU on CUDA)
     struct Runtime {
         explicit Runtime(int /*local rank*/) {}

@@ -19,11 +19,11 @@ GPTConfig read_checkpoint_config(const std::string& path) {
     int header[256];
     size_t got = std::fread(header, sizeof(int), 256, f);
     std::fclose(f);
-    if (got != 256) throw FileError(path + ": truncated checkpoint header (" + std::to_string(got * 4) +
-                                    " of 1024 bytes)");
+    if (got != 256)
+        throw FileError(path + ": truncated checkpoint header (" + std::to_string(got * 4) + " of 1024 bytes)");
     if (header[0] != checkpoint_magic)
-        throw FileError(path + ": not an llm.c GPT-2 checkpoint (magic " + std::to_string(header[0]) +
-                        ", expected " + std::to_string(checkpoint_magic) + ")");
+        throw FileError(path + ": not an llm.c GPT-2 checkpoint (magic " + std::to_string(header[0]) + ", expected " +
+                        std::to_string(checkpoint_magic) + ")");
     if (header[1] != checkpoint_version)
         throw FileError(path + ": checkpoint version " + std::to_string(header[1]) + " is not supported (need " +
                         std::to_string(checkpoint_version) + ": fp32 with padded vocabulary)");

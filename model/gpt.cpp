@@ -40,8 +40,7 @@ std::vector<TensorSpec> parameter_table(const GPTConfig& c, int t, ParameterTens
 }
 
 bool parameter_is_matrix(const std::string& name) {
-    return name == "wte" || name == "wpe" || name == "qkvw" || name == "attprojw" || name == "fcw" ||
-           name == "fcprojw";
+    return name == "wte" || name == "wpe" || name == "qkvw" || name == "attprojw" || name == "fcw" || name == "fcprojw";
 }
 
 bool parameter_is_replicated(const std::string& name) {
@@ -74,7 +73,8 @@ void copy_parameter_shards(const GPTConfig& c, int t, int r, float* full, float*
                          rows * width);
         } else if (name == "fcw" || name == "fcb") {  // rows: a block of the 4C hidden units
             int64_t width = name == "fcw" ? C : 1, rows = 4 * C / t;
-            for (int64_t l = 0; l < L; l++) copy(f + (l * 4 * C + r * rows) * width, s + l * rows * width, rows * width);
+            for (int64_t l = 0; l < L; l++)
+                copy(f + (l * 4 * C + r * rows) * width, s + l * rows * width, rows * width);
         } else if (name == "attprojw" || name == "fcprojw") {  // columns: the inputs this rank produces
             int64_t in = name == "attprojw" ? C : 4 * C, cols = in / t;
             for (int64_t row = 0; row < L * C; row++) copy(f + row * in + r * cols, s + row * cols, cols);
@@ -99,8 +99,8 @@ std::vector<TensorSpec> token_table(const RunShape& r, TokenBuffers* tokens) {
 
 int64_t block_activation_formula_bytes(int64_t b, int64_t s, int64_t h, int64_t a, int64_t e, int64_t t,
                                        bool sequence_parallel, AttentionKernel attention) {
-    const int64_t attention_scores =
-        attention == AttentionKernel::cudnn_fused ? 4 * b * a * s / t : b * a * s * s * (2 * e + 1) / t;
+    const int64_t attention_scores = attention == AttentionKernel::cudnn_fused ? 4 * b * a * s / t
+                                                                               : b * a * s * s * (2 * e + 1) / t;
     if (sequence_parallel) return b * s * h * (16 * e + 2) / t + attention_scores;
     return b * s * h * (4 * e + 2) + b * s * h * 12 * e / t + attention_scores;
 }

@@ -25,25 +25,25 @@ namespace tpsp {
 // per head, so each third is split), the row-parallel weights 1/t of their
 // input columns, wte 1/t of the (padded) vocabulary; the rest is replicated.
 struct ParameterTensors {
-    float *wte, *wpe;                   // [Vp/t, h], [maxT, h]
-    float *ln1w, *ln1b;                 // [L, h]
-    float *qkvw, *qkvb;                 // [L, 3h/t, h], [L, 3h/t]
-    float *attprojw, *attprojb;         // [L, h, h/t], [L, h]
-    float *ln2w, *ln2b;                 // [L, h]
-    float *fcw, *fcb;                   // [L, 4h/t, h], [L, 4h/t]
-    float *fcprojw, *fcprojb;           // [L, h, 4h/t], [L, h]
-    float *lnfw, *lnfb;                 // [h]
+    float *wte, *wpe;            // [Vp/t, h], [maxT, h]
+    float *ln1w, *ln1b;          // [L, h]
+    float *qkvw, *qkvb;          // [L, 3h/t, h], [L, 3h/t]
+    float *attprojw, *attprojb;  // [L, h, h/t], [L, h]
+    float *ln2w, *ln2b;          // [L, h]
+    float *fcw, *fcb;            // [L, 4h/t, h], [L, 4h/t]
+    float *fcprojw, *fcprojb;    // [L, h, 4h/t], [L, h]
+    float *lnfw, *lnfb;          // [h]
 };
 
 // One block's slice of the per-layer tensors above (of the parameters, or of
 // their gradients).
 struct BlockParameters {
-    float *ln1w, *ln1b;         // [h]
-    float *qkvw, *qkvb;         // [3h/t, h], [3h/t]
-    float *attprojw, *attprojb; // [h, h/t], [h]
-    float *ln2w, *ln2b;         // [h]
-    float *fcw, *fcb;           // [4h/t, h], [4h/t]
-    float *fcprojw, *fcprojb;   // [h, 4h/t], [h]
+    float *ln1w, *ln1b;          // [h]
+    float *qkvw, *qkvb;          // [3h/t, h], [3h/t]
+    float *attprojw, *attprojb;  // [h, h/t], [h]
+    float *ln2w, *ln2b;          // [h]
+    float *fcw, *fcb;            // [4h/t, h], [4h/t]
+    float *fcprojw, *fcprojb;    // [h, 4h/t], [h]
 };
 
 // The table of the parameters; with `blocks`, also each block's view of them.
@@ -76,20 +76,20 @@ struct BlockGemmWeights {
 // activation dtype (e bytes per element). s_local = s/t under SP, s without.
 template <class Act>
 struct BlockActivations {
-    Act* ln1_in;                // [s_local, b, h]  residual stream entering the block
-    Act* ln1_out;               // [s_local, b, h]  QKV GEMM input (re-gathered in backward)
-    Act* qkv;                   // [s, b, 3h/t]
-    Act* softmax_out;           // [b, a/t, s, s]  S'      (explicit attention)
-    uint8_t* attn_dropout_mask; // [b, a/t, s, s]          (explicit attention)
-    Act* attn_dropout_out;      // [b, a/t, s, s]  S       (explicit attention)
-    float* softmax_stats;       // [b, a/t, s]  log Σ exp of each score row (cuDNN's fused attention, instead)
-    Act* attn_out;              // [s, b, h/t]  proj GEMM input
-    uint8_t* proj_dropout_mask; // [s_local, b, h]
-    Act* ln2_in;                // [s_local, b, h]
-    Act* ln2_out;               // [s_local, b, h]  fc1 GEMM input (re-gathered in backward)
-    Act* gelu_in;               // [s, b, 4h/t] fc1 output
-    Act* gelu_out;              // [s, b, 4h/t] fc2 GEMM input
-    uint8_t* fc2_dropout_mask;  // [s_local, b, h]
+    Act* ln1_in;                 // [s_local, b, h]  residual stream entering the block
+    Act* ln1_out;                // [s_local, b, h]  QKV GEMM input (re-gathered in backward)
+    Act* qkv;                    // [s, b, 3h/t]
+    Act* softmax_out;            // [b, a/t, s, s]  S'      (explicit attention)
+    uint8_t* attn_dropout_mask;  // [b, a/t, s, s]          (explicit attention)
+    Act* attn_dropout_out;       // [b, a/t, s, s]  S       (explicit attention)
+    float* softmax_stats;        // [b, a/t, s]  log Σ exp of each score row (cuDNN's fused attention, instead)
+    Act* attn_out;               // [s, b, h/t]  proj GEMM input
+    uint8_t* proj_dropout_mask;  // [s_local, b, h]
+    Act* ln2_in;                 // [s_local, b, h]
+    Act* ln2_out;                // [s_local, b, h]  fc1 GEMM input (re-gathered in backward)
+    Act* gelu_in;                // [s, b, 4h/t] fc1 output
+    Act* gelu_out;               // [s, b, 4h/t] fc2 GEMM input
+    uint8_t* fc2_dropout_mask;   // [s_local, b, h]
 };
 
 // What the model keeps outside the blocks.
@@ -106,18 +106,18 @@ struct OutsideActivations {
 // Scratch reused from block to block; not kept across forward and backward.
 template <class Act>
 struct Workspace {
-    Act* stream_grad;          // [s_local, b, h] gradient of the residual stream
-    Act* branch;               // [s_local, b, h] a branch's output before its dropout / the gradient entering it
-    Act* local_grad;           // [s_local, b, h] gradient of an LN output, after g's backward
-    Act* gathered;             // [s, b, h]  g's all-gather of an LN output / ḡ's all-gather of a gradient
-    Act* partial;              // [s, b, h]  a row-parallel output, or a column-parallel dgrad, before its reduction
-    Act* attn_grad;            // [s, b, h/t] gradient of the attention output
-    Act* wide_grad;            // [s, b, 4h/t] gradient of fc1's output, or of qkv
-    float* ln_stats;           // [2, s_local, b] LayerNorm statistics recomputed in backward
-    float* vocab_stats;        // [3, s, b] cross-entropy row max, Σ exp, target logit
-    Act* attention_scratch;    // the attention kernels' scratch, as large as the backend says
-    float* replicated_grads;   // the replicated parameters' gradients, packed for one all-reduce
-    Act* rs_scratch;           // [3, s_local, b, h] an overlapped reduce-scatter's buffers in flight
+    Act* stream_grad;         // [s_local, b, h] gradient of the residual stream
+    Act* branch;              // [s_local, b, h] a branch's output before its dropout / the gradient entering it
+    Act* local_grad;          // [s_local, b, h] gradient of an LN output, after g's backward
+    Act* gathered;            // [s, b, h]  g's all-gather of an LN output / ḡ's all-gather of a gradient
+    Act* partial;             // [s, b, h]  a row-parallel output, or a column-parallel dgrad, before its reduction
+    Act* attn_grad;           // [s, b, h/t] gradient of the attention output
+    Act* wide_grad;           // [s, b, 4h/t] gradient of fc1's output, or of qkv
+    float* ln_stats;          // [2, s_local, b] LayerNorm statistics recomputed in backward
+    float* vocab_stats;       // [3, s, b] cross-entropy row max, Σ exp, target logit
+    Act* attention_scratch;   // the attention kernels' scratch, as large as the backend says
+    float* replicated_grads;  // the replicated parameters' gradients, packed for one all-reduce
+    Act* rs_scratch;          // [3, s_local, b, h] an overlapped reduce-scatter's buffers in flight
 };
 
 // The token ids of one forward, where the kernels read them.
@@ -198,8 +198,8 @@ public:
     int64_t num_parameters = 0;               // of this rank's shard
     ParameterTensors params{}, grads{};       // fp32 masters and their gradients, in the backend's memory
     std::vector<BlockParameters> block_params, block_grads;  // each block's slice of them
-    GemmWeights<Act> weights{};               // what the GEMMs read (the GPU's bf16 copies; params on the CPU)
-    std::vector<BlockGemmWeights<Act>> block_weights;        // each block's slice of them
+    GemmWeights<Act> weights{};                        // what the GEMMs read (the GPU's bf16 copies; params on the CPU)
+    std::vector<BlockGemmWeights<Act>> block_weights;  // each block's slice of them
     std::vector<BlockActivations<Act>> blocks;
     OutsideActivations<Act> outside{};
     Workspace<Act> workspace{};
@@ -209,8 +209,8 @@ public:
 private:
     void refresh_gemm_weights();
     void norm_forward(Act* out, const Act* inp, const float* weight, const float* bias);
-    void branch_forward(Act* out, const Act* residual, Act* y, const float* bias, uint8_t* mask,
-                        const DropoutBox& box, float p, const DropoutKey& key);
+    void branch_forward(Act* out, const Act* residual, Act* y, const float* bias, uint8_t* mask, const DropoutBox& box,
+                        float p, const DropoutKey& key);
     void branch_backward(float* dbias, const uint8_t* mask);
     void norm_backward(float* dweight, float* dbias, const Act* dout, const Act* inp, const float* weight);
     void block_forward(int layer, Act* block_out, const DropoutStep& draw, float p);
@@ -221,7 +221,7 @@ private:
     void classifier_backward(float dloss_scale);
     int local_seq() const { return tp.local_seq(shape.seq_len); }  // s/t under SP, s without
     int seq_start() const { return tp.seq_start(shape.seq_len); }  // first position of this rank's shard
-    float* parameter(const std::string& name) const;  // the fp32 tensor of that name
+    float* parameter(const std::string& name) const;               // the fp32 tensor of that name
     Comm single_rank_group_;
     Comm* group_;
     TensorParallelMappings<Comm> mappings_;
@@ -230,12 +230,12 @@ private:
     DropoutStep last_draw_;              // the last forward's draw and dropout probability, for backward
     float last_dropout_ = 0.0f;
     struct GemmWeightCopy {
-        Act* copy;             // in weight_arena
-        const float* master;   // in param_arena
+        Act* copy;            // in weight_arena
+        const float* master;  // in param_arena
         int64_t elements;
     };
     std::vector<GemmWeightCopy> gemm_weight_copies_;  // empty where the GEMMs read the parameters
-    std::vector<SquareSumRange> grad_norm_ranges_;     // every gradient tensor, sharded (0) or replicated (1)
+    std::vector<SquareSumRange> grad_norm_ranges_;    // every gradient tensor, sharded (0) or replicated (1)
 };
 
 // The CPU model, which the trainer, the sampler and most tests use.

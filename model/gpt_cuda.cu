@@ -134,7 +134,7 @@ void CudaBackend::adamw_update(float* params, const float* grads, float* m, floa
     if (n == 0) return;
     constexpr int threads = 256;
     adamw_kernel<<<unsigned((n + threads - 1) / threads), threads, 0, gpu::context().stream>>>(params, grads, m, v, n,
-                                                                                             weight_decay, step);
+                                                                                               weight_decay, step);
     gpu::check_launch("adamw_update");
 }
 

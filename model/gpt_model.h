@@ -62,7 +62,7 @@ std::vector<TensorSpec> block_activation_table(const GPTConfig& c, const RunShap
                                    tensor("attn_dropout_mask", {b, heads, s, s}, &a->attn_dropout_mask),
                                    tensor("attn_dropout_out", {b, heads, s, s}, &a->attn_dropout_out)});
     }
-    table.insert(table.end(), {
+    const std::vector<TensorSpec> after_attention = {
         tensor("attn_out", {s, b, h_t}, &a->attn_out),
         tensor("proj_dropout_mask", {s_local, b, h}, &a->proj_dropout_mask),
         tensor("ln2_in", {s_local, b, h}, &a->ln2_in),
@@ -70,7 +70,8 @@ std::vector<TensorSpec> block_activation_table(const GPTConfig& c, const RunShap
         tensor("gelu_in", {s, b, h4_t}, &a->gelu_in),
         tensor("gelu_out", {s, b, h4_t}, &a->gelu_out),
         tensor("fc2_dropout_mask", {s_local, b, h}, &a->fc2_dropout_mask),
-    });
+    };
+    table.insert(table.end(), after_attention.begin(), after_attention.end());
     return table;
 }
 
@@ -133,8 +134,9 @@ GPTModel<Backend>::GPTModel(const GPTConfig& c, const RunShape& r, const TensorP
     if (group_->size() != tp.size || group_->rank() != tp.rank)
         throw std::logic_error("GPT: the communicator does not match the tensor-parallel layout");
     if (config.attention == AttentionKernel::cudnn_fused && !Backend::has_fused_attention)
-        throw std::invalid_argument("model.attention: cudnn is cuDNN's fused attention: it needs the GPU backend "
-                                    "built with cuDNN");
+        throw std::invalid_argument(
+            "model.attention: cudnn is cuDNN's fused attention: it needs the GPU backend "
+            "built with cuDNN");
     const Memory& memory = Backend::memory();
     parameter_specs = parameter_table(config, tp.size, &params, &block_params);
     param_arena = Arena(parameter_specs, memory);
@@ -167,9 +169,8 @@ GPTModel<Backend>::GPTModel(const GPTConfig& c, const RunShape& r, const TensorP
     std::vector<TensorSpec> outside_table = outside_activation_table(config, shape, tp, &outside);
     activations.insert(activations.end(), outside_table.begin(), outside_table.end());
     activation_arena = Arena(activations, memory);
-    const Dim scratch = attention_scratch_for(config, Backend::attention_scratch(shape.batch, shape.seq_len,
-                                                                                 config.channels, config.num_heads,
-                                                                                 tp.size));
+    const Dim scratch = attention_scratch_for(
+        config, Backend::attention_scratch(shape.batch, shape.seq_len, config.channels, config.num_heads, tp.size));
     workspace_arena = Arena(workspace_table(config, shape, tp, scratch, &workspace), memory);
     token_arena = Arena(token_table(shape, &tokens), memory);
     host_row_targets_.resize(size_t(shape.batch) * shape.seq_len);
@@ -267,8 +268,8 @@ void GPTModel<Backend>::self_attention_backward(int l) {
     ComputeSpan span(group_->tracer, "attention backward");
     if constexpr (Backend::has_fused_attention) {
         if (config.attention == AttentionKernel::cudnn_fused) {
-            fused_attention_backward(w.wide_grad, w.attn_grad, a.qkv, a.attn_out, a.softmax_stats, B, T, Ct, heads,
-                                     p, fused_attention_seed(last_draw_, l, tp.rank));
+            fused_attention_backward(w.wide_grad, w.attn_grad, a.qkv, a.attn_out, a.softmax_stats, B, T, Ct, heads, p,
+                                     fused_attention_seed(last_draw_, l, tp.rank));
             return;
         }
     }
@@ -339,8 +340,7 @@ void GPTModel<Backend>::classifier_forward() {
     group_->all_reduce_max(maxes, size_t(N));
     {
         ComputeSpan span(group_->tracer, "cross-entropy");
-        crossentropy_sum_forward(stats, outside.logits, maxes, tokens.row_targets, vocab_start, N, V_real,
-                                 Vp_local);
+        crossentropy_sum_forward(stats, outside.logits, maxes, tokens.row_targets, vocab_start, N, V_real, Vp_local);
     }
     group_->all_reduce_sum(stats, size_t(2) * N);
     ComputeSpan span(group_->tracer, "cross-entropy");
@@ -424,8 +424,8 @@ void GPTModel<Backend>::block_backward(int l) {
 
     // attention half
     branch_backward(grad.attprojb, a.proj_dropout_mask);
-    linears_->row_backward("attention proj backward", w.attn_grad, w.branch, w.gathered, a.attn_out,
-                           weight.attprojw, grad.attprojw, Ct, C);
+    linears_->row_backward("attention proj backward", w.attn_grad, w.branch, w.gathered, a.attn_out, weight.attprojw,
+                           grad.attprojw, Ct, C);
     self_attention_backward(l);
     dln = linears_->column_backward("qkv backward", w.wide_grad, a.ln1_out, w.gathered, w.partial, w.local_grad,
                                     weight.qkvw, grad.qkvw, grad.qkvb, C, 3 * Ct);
@@ -460,8 +460,7 @@ void GPTModel<Backend>::backward(float dloss_scale) {
     for (int l = L - 1; l >= 0; l--) block_backward(l);
     {
         ComputeSpan span(group_->tracer, "embeddings backward");
-        dropout_backward(w.branch, outside.embedding_dropout_mask, w.stream_grad, int64_t(N_local) * C,
-                         last_dropout_);
+        dropout_backward(w.branch, outside.embedding_dropout_mask, w.stream_grad, int64_t(N_local) * C, last_dropout_);
         position_embedding_backward(grads.wpe, w.branch, seq_start(), local_seq(), B, C);
     }
     const Act* demb = mappings_.gbar_backward(static_cast<const Act*>(w.branch), w.gathered, size_t(N) * C);

@@ -27,9 +27,13 @@ static std::string formula_text(int t, bool sp, int64_t e, AttentionKernel atten
     if (e != 2) return general;
     if (fused)
         return general + " = " +
-               (t == 1 ? "34·b·s·h + 4·b·a·s" : sp ? "s·b·h·34/t + 4·b·a·s/t" : "s·b·h·(10 + 24/t) + 4·b·a·s/t");
+               (t == 1 ? "34·b·s·h + 4·b·a·s"
+                : sp   ? "s·b·h·34/t + 4·b·a·s/t"
+                       : "s·b·h·(10 + 24/t) + 4·b·a·s/t");
     return general + " = " +
-           (t == 1 ? "34·b·s·h + 5·b·a·s²" : sp ? "s·b·h·(34/t + 5·a·s/(h·t))" : "s·b·h·(10 + 24/t + 5·a·s/(h·t))");
+           (t == 1 ? "34·b·s·h + 5·b·a·s²"
+            : sp   ? "s·b·h·(34/t + 5·a·s/(h·t))"
+                   : "s·b·h·(10 + 24/t + 5·a·s/(h·t))");
 }
 
 // Act: float, or uint16_t standing in for bf16 (the same bytes, the same tables).
@@ -49,8 +53,8 @@ static MemoryReport report(const GPTConfig& c, const RunShape& r, const TensorPa
     MemoryReport m;
     m.block_bytes = int64_t(table_bytes(block_table));
     const bool sp = tp.sequence_parallel || tp.size == 1;
-    m.block_formula_bytes =
-        block_activation_formula_bytes(r.batch, r.seq_len, c.channels, c.num_heads, e, tp.size, sp, c.attention);
+    m.block_formula_bytes = block_activation_formula_bytes(r.batch, r.seq_len, c.channels, c.num_heads, e, tp.size, sp,
+                                                           c.attention);
     m.blocks_bytes = m.block_bytes * c.num_layers;
     m.outside_bytes = int64_t(table_bytes(outside_table));
     m.workspace_bytes = int64_t(table_bytes(workspace_table_));
@@ -73,11 +77,10 @@ static MemoryReport report(const GPTConfig& c, const RunShape& r, const TensorPa
                   formula.c_str(), (long long)m.block_formula_bytes, (long long)m.block_bytes,
                   m.block_bytes == m.block_formula_bytes ? "EQUAL" : "NOT EQUAL");
     m.text += line;
-    m.text += format_table("saved outside the blocks (not part of the per-block formula):", outside_table,
-                           activation);
+    m.text += format_table("saved outside the blocks (not part of the per-block formula):", outside_table, activation);
     m.text += '\n';
-    m.text += format_table("workspace, reused from block to block (gradients, scratch; not saved):",
-                           workspace_table_, activation);
+    m.text += format_table("workspace, reused from block to block (gradients, scratch; not saved):", workspace_table_,
+                           activation);
     std::snprintf(line, sizeof line,
                   "\nsaved activations: %d blocks × %s + outside %s = %s\n"
                   "workspace %s | parameters %s (and as much again for gradients)\n",

@@ -20,7 +20,6 @@ struct MemoryReport {
 enum class Device { cpu, cuda };
 
 // Built from the same tables the GPT constructor lays its arenas out from.
-MemoryReport memory_report(const GPTConfig& config, const RunShape& shape, const TensorParallelism& tp,
-                           Device device);
+MemoryReport memory_report(const GPTConfig& config, const RunShape& shape, const TensorParallelism& tp, Device device);
 
 }  // namespace tpsp

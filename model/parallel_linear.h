@@ -53,13 +53,11 @@ public:
     // (in local_grad, or in partial without SP). Re-gathers the saved shard
     // x_local into gathered; partial [N, C] holds the dgrad before its reduction.
     const Act* column_backward(const char* name, const Act* dout, const Act* x_local, Act* gathered, Act* partial,
-                               Act* local_grad, GemmWeight<Act> weight, float* dweight, float* dbias, int C,
-                               int OC);
+                               Act* local_grad, GemmWeight<Act> weight, float* dweight, float* dbias, int C, int OC);
 
     // Row-parallel without its bias: y_local [N_local, OC] = ḡ(inp [N, K] @ weight^T).
     // Returns y (local, or partial without SP); partial [N, OC] is scratch.
-    Act* row_forward(const char* name, const Act* inp, Act* partial, Act* local, GemmWeight<Act> weight, int K,
-                     int OC);
+    Act* row_forward(const char* name, const Act* inp, Act* partial, Act* local, GemmWeight<Act> weight, int K, int OC);
     // Its backward: dinp [N, K] (overwritten) from dy_local [N_local, OC]; dweight accumulates.
     // gathered [N, OC] receives ḡ's all-gather of dy. With pre_gelu [N, K]
     // (fc2, whose input inp = gelu(pre_gelu)), dinp is the gradient of
@@ -70,14 +68,13 @@ public:
 private:
     using Transfer = typename Comm::Transfer;
     // rows of out [.., OC] = x [rows, C] @ weight^T + bias, then GELU when pre_gelu is given
-    static void linear_rows(Act* out, Act* pre_gelu, const Act* x, const Act* weight, const Act* bias, int rows,
-                            int C, int OC) {
+    static void linear_rows(Act* out, Act* pre_gelu, const Act* x, const Act* weight, const Act* bias, int rows, int C,
+                            int OC) {
         if (pre_gelu) matmul_forward_gelu(out, pre_gelu, x, weight, bias, rows, C, OC);
         else matmul_forward(out, x, weight, bias, rows, C, OC);
     }
     // rows of dinp [.., K] = dy [rows, OC] @ weight, through the GELU's backward when pre_gelu is given
-    static void dgrad_rows(Act* dinp, const Act* dy, const Act* weight, const Act* pre_gelu, int rows, int K,
-                           int OC) {
+    static void dgrad_rows(Act* dinp, const Act* dy, const Act* weight, const Act* pre_gelu, int rows, int K, int OC) {
         if (pre_gelu) matmul_backward_input_gelu(dinp, dy, weight, pre_gelu, rows, K, OC);
         else matmul_backward_input(dinp, dy, weight, rows, K, OC);
     }
@@ -118,8 +115,8 @@ inline const NoPoll no_poll;
 
 template <class Comm, class Act>
 void ParallelLinears<Comm, Act>::column_forward(const char* name, Act* out, const Act* x_local, Act* gathered,
-                                                GemmWeight<Act> gemm_weight, GemmWeight<Act> gemm_bias, int C,
-                                                int OC, Act* pre_gelu) {
+                                                GemmWeight<Act> gemm_weight, GemmWeight<Act> gemm_bias, int C, int OC,
+                                                Act* pre_gelu) {
     using namespace parallel_linear_detail;
     const Act *weight = gemm_weight.data, *bias = gemm_bias.data;
     if (!(overlapping() && overlap_.ag)) {
@@ -142,8 +139,8 @@ void ParallelLinears<Comm, Act>::column_forward(const char* name, Act* out, cons
 template <class Comm, class Act>
 const Act* ParallelLinears<Comm, Act>::column_backward(const char* name, const Act* dout, const Act* x_local,
                                                        Act* gathered, Act* partial, Act* local_grad,
-                                                       GemmWeight<Act> gemm_weight, float* dweight, float* dbias,
-                                                       int C, int OC) {
+                                                       GemmWeight<Act> gemm_weight, float* dweight, float* dbias, int C,
+                                                       int OC) {
     using namespace parallel_linear_detail;
     const Act* weight = gemm_weight.data;
     const size_t shard = size_t(N_local_) * C;
@@ -174,8 +171,8 @@ const Act* ParallelLinears<Comm, Act>::column_backward(const char* name, const A
             [&](int, size_t c0, size_t c1, Act* part, const Poll<Comm>& poll) {
                 ComputeSpan span(group_->tracer, name);
                 in_row_tiles(N_, poll, [&](int r0, int rows) {
-                    matmul_backward_input_columns(part + size_t(r0) * (c1 - c0), dout + size_t(r0) * OC, weight,
-                                                  rows, C, OC, int(c0), int(c1));
+                    matmul_backward_input_columns(part + size_t(r0) * (c1 - c0), dout + size_t(r0) * OC, weight, rows,
+                                                  C, OC, int(c0), int(c1));
                 });
             },
             [&](const Poll<Comm>& poll) {
@@ -212,13 +209,14 @@ Act* ParallelLinears<Comm, Act>::row_forward(const char* name, const Act* inp, A
         return mappings_.gbar_forward(partial, local, size_t(N_) * OC);
     }
     if (!overlap_.rs_pipeline) {
-        ring_reduce_scatter_overlapped(*group_, local, rs_scratch_, shard, [&](int chunk, Act* out, const Poll<Comm>& poll) {
-            ComputeSpan span(group_->tracer, name);
-            const Act* rows_in = inp + size_t(chunk) * N_local_ * K;
-            in_row_tiles(N_local_, poll, [&](int r0, int rows) {
-                matmul_forward(out + size_t(r0) * OC, rows_in + size_t(r0) * K, weight, nullptr, rows, K, OC);
+        ring_reduce_scatter_overlapped(
+            *group_, local, rs_scratch_, shard, [&](int chunk, Act* out, const Poll<Comm>& poll) {
+                ComputeSpan span(group_->tracer, name);
+                const Act* rows_in = inp + size_t(chunk) * N_local_ * K;
+                in_row_tiles(N_local_, poll, [&](int r0, int rows) {
+                    matmul_forward(out + size_t(r0) * OC, rows_in + size_t(r0) * K, weight, nullptr, rows, K, OC);
+                });
             });
-        });
         return local;
     }
     pipelined_reduce_scatter_overlapped(
@@ -226,8 +224,8 @@ Act* ParallelLinears<Comm, Act>::row_forward(const char* name, const Act* inp, A
         [&](int, size_t c0, size_t c1, Act* part, const Poll<Comm>& poll) {
             ComputeSpan span(group_->tracer, name);
             in_row_tiles(N_, poll, [&](int r0, int rows) {
-                matmul_forward(part + size_t(r0) * (c1 - c0), inp + size_t(r0) * K, weight + c0 * K, nullptr, rows,
-                               K, int(c1 - c0));
+                matmul_forward(part + size_t(r0) * (c1 - c0), inp + size_t(r0) * K, weight + c0 * K, nullptr, rows, K,
+                               int(c1 - c0));
             });
         },
         [](const Poll<Comm>&) {});

@@ -76,7 +76,8 @@ int sample_token(const float* logits, int V, float temperature, int top_k, float
     std::vector<int> order(static_cast<size_t>(V));
     std::iota(order.begin(), order.end(), 0);
     int k = top_k > 0 ? std::min(top_k, V) : V;
-    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int a, int b) { return logits[a] > logits[b]; });
+    std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                      [&](int a, int b) { return logits[a] > logits[b]; });
     std::vector<double> weights(static_cast<size_t>(k));
     double sum = 0.0;
     for (int i = 0; i < k; i++) sum += weights[i] = std::exp((logits[order[i]] - logits[order[0]]) / temperature);

@@ -22,8 +22,8 @@ public:
 private:
     GPTConfig c_;
     ParameterTensors p_{};
-    std::vector<BlockParameters> blocks_;  // each block's slice of p_
-    std::vector<float> keys_, values_;                           // [L, maxT, C]
+    std::vector<BlockParameters> blocks_;                         // each block's slice of p_
+    std::vector<float> keys_, values_;                            // [L, maxT, C]
     std::vector<float> x_, ln_, qkv_, att_, branch_, fc_, gelu_;  // one position's activations
     std::vector<float> scores_, logits_;
     int position_ = 0;

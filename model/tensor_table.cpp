@@ -88,8 +88,7 @@ static void* host_allocate(size_t bytes) {
 
 const Memory host_memory = {host_allocate, std::free};
 
-Arena::Arena(const std::vector<TensorSpec>& table, const Memory& memory)
-    : bytes_(table_bytes(table)), where_(&memory) {
+Arena::Arena(const std::vector<TensorSpec>& table, const Memory& memory) : bytes_(table_bytes(table)), where_(&memory) {
     memory_ = memory.allocate(bytes_);
     char* cursor = static_cast<char*>(memory_);
     for (DType pass : {DType::f32, DType::i32, DType::bf16, DType::u8}) {
@@ -122,9 +121,8 @@ std::string format_table(const std::string& title, const std::vector<TensorSpec>
                   "bytes", "formula");
     out += line;
     for (const TensorSpec& t : table) {
-        std::snprintf(line, sizeof line, "  %-22s %-20s %-16s %-5s %14zu  %s\n", t.name.c_str(),
-                      t.shape_text().c_str(), t.symbol_text().c_str(), dtype_name(t.dtype), t.bytes(),
-                      t.formula_text(activation).c_str());
+        std::snprintf(line, sizeof line, "  %-22s %-20s %-16s %-5s %14zu  %s\n", t.name.c_str(), t.shape_text().c_str(),
+                      t.symbol_text().c_str(), dtype_name(t.dtype), t.bytes(), t.formula_text(activation).c_str());
         out += line;
     }
     std::snprintf(line, sizeof line, "  %-22s %-20s %-16s %-5s %14zu\n", "total", "", "", "", table_bytes(table));

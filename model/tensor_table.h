@@ -45,8 +45,8 @@ struct TensorSpec {
 
     int64_t elements() const;
     size_t bytes() const;
-    std::string shape_text() const;  // "[4, 64, 768]"
-    std::string symbol_text() const; // "[b, s, h]"
+    std::string shape_text() const;   // "[4, 64, 768]"
+    std::string symbol_text() const;  // "[b, s, h]"
     // "3·b·s·h·e" when the tensor has the activation dtype (e bytes each), a
     // mask "b·s·h" (one byte each), an fp32 statistic of bf16 activations "s·b·4"
     std::string formula_text(DType activation) const;
@@ -73,7 +73,8 @@ TensorSpec layered_tensor(std::string name, Dim L, std::vector<Dim> per_layer, T
     return {std::move(name), std::move(shape), dtype_of<T>(), [=](void* at) {
                 *slot = static_cast<T*>(at);
                 if (layers)
-                    for (size_t l = 0; l < layers->size(); l++) (*layers)[l].*member = Field{*slot + l * layer_elements};
+                    for (size_t l = 0; l < layers->size(); l++)
+                        (*layers)[l].*member = Field{*slot + l * layer_elements};
             }};
 }
 

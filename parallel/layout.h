@@ -20,7 +20,7 @@ struct OverlapSettings {
 };
 
 struct TensorParallelism {
-    int size = 1;                   // t
+    int size = 1;  // t
     int rank = 0;
     bool sequence_parallel = true;  // SP; false: Megatron's TP-only f / f̄
     OverlapSettings overlap;        // which communication hides behind which GEMM

@@ -107,8 +107,7 @@ NcclTransfer NcclCommunicator::start_reduce_scatter(const bf16* full, bf16* shar
     }
     bytes.reduce_scatter += int64_t(count) * size() * int64_t(sizeof(bf16));
     after_compute();
-    check_nccl(ncclReduceScatter(full, shard, count, ncclBfloat16, ncclSum, nccl_, comm_stream_),
-               "ncclReduceScatter");
+    check_nccl(ncclReduceScatter(full, shard, count, ncclBfloat16, ncclSum, nccl_, comm_stream_), "ncclReduceScatter");
     return finish_enqueue(name, true);
 }
 
@@ -122,8 +121,7 @@ void NcclCommunicator::reduce_scatter(const bf16* full, bf16* shard, size_t coun
     wait(t);
 }
 
-void NcclCommunicator::all_reduce(void* data, size_t count, ncclDataType_t type, ncclRedOp_t op,
-                                  size_t element_bytes) {
+void NcclCommunicator::all_reduce(void* data, size_t count, ncclDataType_t type, ncclRedOp_t op, size_t element_bytes) {
     if (size() == 1) return;
     bytes.all_reduce += int64_t(count * element_bytes);
     after_compute();
@@ -151,8 +149,7 @@ __global__ void add_kernel(bf16* acc, const bf16* x, size_t count) {
 }
 
 void NcclCommunicator::copy(bf16* dst, const bf16* src, size_t count) {
-    check_cuda(cudaMemcpyAsync(dst, src, count * sizeof(bf16), cudaMemcpyDeviceToDevice, compute_stream_),
-               "copy");
+    check_cuda(cudaMemcpyAsync(dst, src, count * sizeof(bf16), cudaMemcpyDeviceToDevice, compute_stream_), "copy");
 }
 
 void NcclCommunicator::add(bf16* acc, const bf16* x, size_t count) {

@@ -15,7 +15,6 @@
 #include <cstdint>
 #include <initializer_list>
 
-
 namespace tpsp {
 
 // What the compute side calls between tiles: moves the watched transfers on.

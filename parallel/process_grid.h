@@ -10,7 +10,7 @@ namespace tpsp {
 
 struct ProcessGrid {
     int world_rank = 0, world_size = 1;
-    int tp = 1, dp = 1;          // group sizes
+    int tp = 1, dp = 1;  // group sizes
     int tp_rank = 0, dp_rank = 0;
     Communicator tp_group, dp_group;
 };

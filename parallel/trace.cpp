@@ -40,15 +40,18 @@ bool Tracer::write(const std::string& path, int rank, void* comm_ptr) const {
     std::string json;
     char line[256];
     for (const Event& e : events_) {
-        std::snprintf(line, sizeof line, ",\n{\"name\": \"%s\", \"ph\": \"X\", \"pid\": %d, \"tid\": %d, \"ts\": %.3f, \"dur\": %.3f}",
+        std::snprintf(line, sizeof line,
+                      ",\n{\"name\": \"%s\", \"ph\": \"X\", \"pid\": %d, \"tid\": %d, \"ts\": %.3f, \"dur\": %.3f}",
                       e.name, rank, int(e.track), e.start * 1e6, (e.end - e.start) * 1e6);
         json += line;
     }
-    std::snprintf(line, sizeof line,
-                  ",\n{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": {\"name\": \"rank %d\"}}"
-                  ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 0, \"args\": {\"name\": \"compute\"}}"
-                  ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 1, \"args\": {\"name\": \"communication\"}}",
-                  rank, rank, rank, rank);
+    std::snprintf(
+        line, sizeof line,
+        ",\n{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": {\"name\": \"rank %d\"}}"
+        ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 0, \"args\": {\"name\": \"compute\"}}"
+        ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 1, \"args\": {\"name\": "
+        "\"communication\"}}",
+        rank, rank, rank, rank);
     json += line;
     int size = 0, length = int(json.size());
     MPI_Comm_size(comm, &size);

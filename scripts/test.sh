@@ -34,6 +34,9 @@ build() {
 phase "dependencies"
 scripts/install_deps.sh
 
+phase "format (scripts/format.sh --check: clang-format 14, .clang-format)"
+scripts/format.sh --check
+
 phase "build (Release, CUDA where nvcc is found, -DTPSP_WERROR=ON)"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DTPSP_WERROR=ON > /dev/null
 build build -j"$jobs"

@@ -134,15 +134,15 @@ TEST_F(CudaKernels, BiasDropoutResidualMatchesCpu) {
         auto y = random_bf16_values(n, 50), residual = random_bf16_values(n, 51), bias = random_vector(C, 52);
         std::vector<float> cpu_y = y, cpu_out(n);
         std::vector<uint8_t> cpu_mask(n);
-        bias_dropout_residual_forward(cpu_out.data(), cpu_mask.data(), cpu_y.data(), residual.data(), bias.data(),
-                                      box, p, key);
+        bias_dropout_residual_forward(cpu_out.data(), cpu_mask.data(), cpu_y.data(), residual.data(), bias.data(), box,
+                                      p, key);
 
         auto d_y = device_bf16(y), d_residual = device_bf16(residual);
         DeviceBuffer<float> d_bias(bias);
         DeviceBuffer<bf16> d_out(n);
         DeviceBuffer<uint8_t> d_mask(n);
-        bias_dropout_residual_forward(d_out.data(), d_mask.data(), d_y.data(), d_residual.data(), d_bias.data(), box,
-                                      p, key);
+        bias_dropout_residual_forward(d_out.data(), d_mask.data(), d_y.data(), d_residual.data(), d_bias.data(), box, p,
+                                      key);
         EXPECT_EQ(host(d_mask), cpu_mask);
         expect_close(host_float(d_out), cpu_out, "residual + dropout(y + bias)");
     }
@@ -154,7 +154,7 @@ TEST_F(CudaKernels, LayerNormMatchesCpu) {
          bias = random_vector(channels, 5), dout = random_bf16_values(int64_t(rows) * channels, 6),
          dinp0 = random_bf16_values(int64_t(rows) * channels, 7);
     std::vector<float> out(inp.size()), dinp = dinp0, dweight(channels, 0.5f), dbias(channels, -0.5f),
-        scratch(2 * rows);
+                                        scratch(2 * rows);
     layernorm_forward(out.data(), inp.data(), weight.data(), bias.data(), rows, channels);
     layernorm_backward(dinp.data(), dweight.data(), dbias.data(), dout.data(), inp.data(), weight.data(),
                        scratch.data(), rows, channels);
@@ -165,8 +165,8 @@ TEST_F(CudaKernels, LayerNormMatchesCpu) {
     DeviceBuffer<bf16> d_out(inp.size());
     layernorm_forward(d_out.data(), d_inp.data(), d_weight.data(), d_bias.data(), rows, channels);
     DeviceBuffer<float> d_scratch(2 * rows);
-    layernorm_backward(d_dinp.data(), d_dweight.data(), d_dbias.data(), d_dout.data(), d_inp.data(),
-                            d_weight.data(), d_scratch.data(), rows, channels);
+    layernorm_backward(d_dinp.data(), d_dweight.data(), d_dbias.data(), d_dout.data(), d_inp.data(), d_weight.data(),
+                       d_scratch.data(), rows, channels);
     expect_close(host_float(d_out), out, "layernorm out");
     expect_close(host_float(d_dinp), dinp, "layernorm dinp (accumulated)");
     expect_close(host(d_dweight), dweight, "layernorm dweight", 1e-3);
@@ -214,8 +214,7 @@ TEST_F(CudaKernels, MatmulGeluEpiloguesMatchCpu) {
         auto d_inp = device_bf16(inp), d_weight = device_bf16(weight), d_bias = device_bf16(bias),
              d_pre_gelu_in = device_bf16(pre_gelu_in);
         DeviceBuffer<bf16> d_out(N * width), d_pre_gelu(N * width), d_dinp(N * width);
-        matmul_forward_gelu(d_out.data(), d_pre_gelu.data(), d_inp.data(), d_weight.data(), d_bias.data(), N, C,
-                            width);
+        matmul_forward_gelu(d_out.data(), d_pre_gelu.data(), d_inp.data(), d_weight.data(), d_bias.data(), N, C, width);
         matmul_backward_input_gelu(d_dinp.data(), d_inp.data(), d_weight.data(), d_pre_gelu_in.data(), N, width, C);
         expect_close(host_float(d_pre_gelu), pre_gelu, "fc1 pre-GELU output" + shape);
         expect_close(host_float(d_out), out, "fc1 GELU output" + shape);
@@ -285,8 +284,8 @@ TEST_F(CudaKernels, AttentionMatchesCpuWithTheSameMasks) {
         auto qkv = random_bf16_values(int64_t(N) * 3 * C, 19), dout = random_bf16_values(int64_t(N) * C, 20);
         std::vector<float> out(N * C), softmax_out(scores), dropped(scores), dqkv(N * 3 * C), scratch(64 * T * T);
         std::vector<uint8_t> mask(scores);
-        attention_forward(out.data(), softmax_out.data(), mask.data(), dropped.data(), qkv.data(), nullptr, B, T, C,
-                          NH, p, box, key);
+        attention_forward(out.data(), softmax_out.data(), mask.data(), dropped.data(), qkv.data(), nullptr, B, T, C, NH,
+                          p, box, key);
         attention_backward(dqkv.data(), dout.data(), qkv.data(), softmax_out.data(), mask.data(), dropped.data(),
                            scratch.data(), B, T, C, NH, p);
 
@@ -295,9 +294,9 @@ TEST_F(CudaKernels, AttentionMatchesCpuWithTheSameMasks) {
             d_scratch(cuda_attention_scratch_elements(B, T, C, NH));
         DeviceBuffer<uint8_t> d_mask(scores);
         attention_forward(d_out.data(), d_softmax.data(), d_mask.data(), d_dropped.data(), d_qkv.data(),
-                               d_scratch.data(), B, T, C, NH, p, box, key);
+                          d_scratch.data(), B, T, C, NH, p, box, key);
         attention_backward(d_dqkv.data(), d_dout.data(), d_qkv.data(), d_softmax.data(), d_mask.data(),
-                                d_dropped.data(), d_scratch.data(), B, T, C, NH, p);
+                           d_dropped.data(), d_scratch.data(), B, T, C, NH, p);
         EXPECT_EQ(host(d_mask), mask);
         expect_close(host_float(d_softmax), softmax_out, "softmax out S'", 2e-2);
         expect_close(host_float(d_dropped), dropped, "dropout out S", 2e-2);
@@ -318,8 +317,8 @@ TEST_F(CudaKernels, FusedAttentionMatchesTheExplicitKernels) {
     std::vector<float> out(N * C), softmax_out(scores), dropped(scores), dqkv(N * 3 * C), scratch(64 * T * T);
     std::vector<uint8_t> mask(scores);
     const DropoutKey key{1, 1, 0, DropoutSite::attention_probs};
-    attention_forward(out.data(), softmax_out.data(), mask.data(), dropped.data(), qkv.data(), nullptr, B, T, C,
-                      heads, 0.0f, full_box(B, heads, int64_t(T) * T), key);
+    attention_forward(out.data(), softmax_out.data(), mask.data(), dropped.data(), qkv.data(), nullptr, B, T, C, heads,
+                      0.0f, full_box(B, heads, int64_t(T) * T), key);
     attention_backward(dqkv.data(), dout.data(), qkv.data(), softmax_out.data(), mask.data(), dropped.data(),
                        scratch.data(), B, T, C, heads, 0.0f);
     std::vector<float> lse(size_t(B) * heads * T);
@@ -344,8 +343,8 @@ TEST_F(CudaKernels, FusedAttentionMatchesTheExplicitKernels) {
     DeviceBuffer<bf16> d_out(N * C), d_dqkv(N * 3 * C);
     DeviceBuffer<float> d_stats(size_t(B) * heads * T);
     fused_attention_forward(d_out.data(), d_stats.data(), d_qkv.data(), B, T, C, heads, 0.0f, 7);
-    fused_attention_backward(d_dqkv.data(), d_dout.data(), d_qkv.data(), d_out.data(), d_stats.data(), B, T, C,
-                             heads, 0.0f, 7);
+    fused_attention_backward(d_dqkv.data(), d_dout.data(), d_qkv.data(), d_out.data(), d_stats.data(), B, T, C, heads,
+                             0.0f, 7);
     expect_close(host_float(d_out), out, "fused attention out", 2e-2);
     expect_close(host(d_stats), lse, "fused attention statistics (log Σ exp)", 1e-3);
     expect_close(host_float(d_dqkv), dqkv, "fused attention dqkv", 3e-2);
@@ -359,8 +358,8 @@ TEST_F(CudaKernels, FusedAttentionMatchesTheExplicitKernels) {
     EXPECT_EQ(host_float(d_out_again), dropped_out) << "the same seed drew another mask";
     EXPECT_GT(relative_error(host_float(d_out_other), dropped_out), 1e-2) << "another seed drew the same mask";
     EXPECT_GT(relative_error(dropped_out, out), 1e-2) << "dropout 0.2 changed nothing";
-    fused_attention_backward(d_dqkv.data(), d_dout.data(), d_qkv.data(), d_out.data(), d_stats.data(), B, T, C,
-                             heads, 0.2f, 7);
+    fused_attention_backward(d_dqkv.data(), d_dout.data(), d_qkv.data(), d_out.data(), d_stats.data(), B, T, C, heads,
+                             0.2f, 7);
     const std::vector<float> grads = host_float(d_dqkv);
     double out_dot = 0.0, value_dot = 0.0;
     for (int64_t n = 0; n < N; n++)
@@ -411,11 +410,10 @@ TEST_F(CudaKernels, CrossEntropyMatchesCpu) {
     DeviceBuffer<int> d_targets(targets);
     DeviceBuffer<float> d_maxes(N), d_stats(2 * N), d_lse(N), d_losses(N);
     crossentropy_max_forward(d_maxes.data(), d_logits.data(), N, V_real, Vp_local);
-    crossentropy_sum_forward(d_stats.data(), d_logits.data(), d_maxes.data(), d_targets.data(), vocab_start, N,
-                                  V_real, Vp_local);
+    crossentropy_sum_forward(d_stats.data(), d_logits.data(), d_maxes.data(), d_targets.data(), vocab_start, N, V_real,
+                             Vp_local);
     crossentropy_loss_forward(d_losses.data(), d_lse.data(), d_maxes.data(), d_stats.data(), N);
-    crossentropy_backward(d_logits.data(), d_lse.data(), d_targets.data(), vocab_start, 0.5f, N, V_real,
-                               Vp_local);
+    crossentropy_backward(d_logits.data(), d_lse.data(), d_targets.data(), vocab_start, 0.5f, N, V_real, Vp_local);
     EXPECT_EQ(host(d_maxes), maxes);  // a max of bf16 values is exact
     expect_close(host(d_stats), stats, "Σ exp and target logits", 1e-5);
     expect_close(host(d_lse), lse, "log-sum-exp", 1e-5);

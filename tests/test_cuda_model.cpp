@@ -105,8 +105,8 @@ TEST_F(CudaModel, LossGradientsAndMasksMatchTheCpuModel) {
     const int N = shape.batch * shape.seq_len;
     GPT cpu(config, shape);
     GPTModel<CudaBackend> gpu_model(config, shape);
-    expect_same_loss_and_gradients(cpu, gpu_model, affine_tokens(N, config.vocab_size, 97, 13, 31, 7),
-                                   {1234, 7, 0}, 42);
+    expect_same_loss_and_gradients(cpu, gpu_model, affine_tokens(N, config.vocab_size, 97, 13, 31, 7), {1234, 7, 0},
+                                   42);
     const int64_t scores = int64_t(shape.batch) * config.num_heads * shape.seq_len * shape.seq_len;
     const int64_t tokens = int64_t(N) * config.channels;
     for (int l = 0; l < config.num_layers; l++) {
@@ -126,9 +126,8 @@ TEST_F(CudaModel, CudnnAttentionMatchesTheCpuModelWithoutDropout) {
     GPT cpu(config, shape);
     config.attention = AttentionKernel::cudnn_fused;
     GPTModel<CudaBackend> gpu_model(config, shape);
-    expect_same_loss_and_gradients(cpu, gpu_model,
-                                   affine_tokens(shape.batch * shape.seq_len, config.vocab_size, 89, 5, 37, 11), {},
-                                   43);
+    expect_same_loss_and_gradients(
+        cpu, gpu_model, affine_tokens(shape.batch * shape.seq_len, config.vocab_size, 89, 5, 37, 11), {}, 43);
     // its blocks keep [b, a, s] fp32 statistics instead of the three [b, a, s, s] tensors
     const int64_t b = shape.batch, s = shape.seq_len, h = config.channels, a = config.num_heads;
     const int64_t outside = b * s * (h * (1 + 2 + 2) + 2 * config.padded_vocab_size + 8);

@@ -21,8 +21,7 @@ constexpr double tolerance = 2e-3;
 
 TEST(Philox, MatchesRandom123KnownAnswers) {
     // kat_vectors of Random123: philox4x32 with 10 rounds
-    EXPECT_EQ(philox4x32_10({0, 0, 0, 0}, {0, 0}),
-              (PhiloxCounter{0x6627e8d5u, 0xe169c58du, 0xbc57ac4cu, 0x9b00dbd8u}));
+    EXPECT_EQ(philox4x32_10({0, 0, 0, 0}, {0, 0}), (PhiloxCounter{0x6627e8d5u, 0xe169c58du, 0xbc57ac4cu, 0x9b00dbd8u}));
     EXPECT_EQ(philox4x32_10({~0u, ~0u, ~0u, ~0u}, {~0u, ~0u}),
               (PhiloxCounter{0x408f276du, 0x41c83b0eu, 0xa20bc7c6u, 0x6d5451fdu}));
     EXPECT_EQ(philox4x32_10({0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u}, {0xa4093822u, 0x299f31d0u}),
@@ -48,8 +47,10 @@ TEST(Kernels, LayerNormBackwardAccumulatesIntoDinp) {
     auto inp = random_vector(N * C, 1), weight = random_vector(C, 2), dout = random_vector(N * C, 4);
     std::vector<float> once(N * C, 0.0f), twice(N * C, 0.0f), dw(C), db(C), scratch(2 * N);
     layernorm_backward(once.data(), dw.data(), db.data(), dout.data(), inp.data(), weight.data(), scratch.data(), N, C);
-    layernorm_backward(twice.data(), dw.data(), db.data(), dout.data(), inp.data(), weight.data(), scratch.data(), N, C);
-    layernorm_backward(twice.data(), dw.data(), db.data(), dout.data(), inp.data(), weight.data(), scratch.data(), N, C);
+    layernorm_backward(twice.data(), dw.data(), db.data(), dout.data(), inp.data(), weight.data(), scratch.data(), N,
+                       C);
+    layernorm_backward(twice.data(), dw.data(), db.data(), dout.data(), inp.data(), weight.data(), scratch.data(), N,
+                       C);
     for (int i = 0; i < N * C; i++) EXPECT_NEAR(twice[i], 2 * once[i], 1e-5f * (1 + std::fabs(once[i])));
 }
 
@@ -193,8 +194,8 @@ static void attention_gradient_check(float p) {
     std::vector<float> scratch(64 * T * T);
     std::vector<uint8_t> mask(B * NH * T * T);
     auto loss = [&] {
-        attention_forward(out.data(), softmax_out.data(), mask.data(), dropped.data(), qkv.data(), nullptr, B, T, C,
-                          NH, p, box, key);
+        attention_forward(out.data(), softmax_out.data(), mask.data(), dropped.data(), qkv.data(), nullptr, B, T, C, NH,
+                          p, box, key);
         return weighted_sum(out.data(), dout);
     };
     loss();
@@ -270,7 +271,8 @@ TEST(Dropout, KeepRateIsWithinThreeSigmaOfOneMinusP) {
         const int64_t n = 1 << 20;
         std::vector<float> inp(n, 1.0f), out(n);
         std::vector<uint8_t> mask(n);
-        dropout_forward(out.data(), mask.data(), inp.data(), full_box(1, 1024, 1024), p, {3, 0, 0, DropoutSite::embedding});
+        dropout_forward(out.data(), mask.data(), inp.data(), full_box(1, 1024, 1024), p,
+                        {3, 0, 0, DropoutSite::embedding});
         double kept = 0, sum = 0;
         for (int64_t i = 0; i < n; i++) {
             kept += mask[i];

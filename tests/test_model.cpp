@@ -149,7 +149,8 @@ TEST(Model, BackwardWithDropoutMatchesFiniteDifferencesWithMasksHeldFixed) {
     auto loss = [&] { return double(model.forward(inputs, targets, draw)); };
     int64_t at = 0;
     for (const TensorSpec& t : model.parameter_specs) {
-        double err = tpsp::testing::gradient_error(loss, model.params.wte + at, analytic.data() + at, t.elements(), 3e-3f, 40);
+        double err = tpsp::testing::gradient_error(loss, model.params.wte + at, analytic.data() + at, t.elements(),
+                                                   3e-3f, 40);
         // the padded wte rows and wpe rows past s get no gradient: the check still holds (0 = 0)
         EXPECT_LT(err, 1e-2) << "parameter " << t.name;
         at += t.elements();
@@ -166,8 +167,8 @@ TEST(Model, SameSeedAndStepDrawSameLossesAndOtherStepsDoNot) {
     float la = a.forward(tokens.data(), tokens.data() + 1, {9, 4, 0});
     float lb = b.forward(tokens.data(), tokens.data() + 1, {9, 4, 0});
     EXPECT_EQ(la, lb);
-    EXPECT_EQ(0, std::memcmp(a.blocks[1].attn_dropout_mask, b.blocks[1].attn_dropout_mask,
-                             size_t(2) * c.num_heads * 7 * 7));
+    EXPECT_EQ(
+        0, std::memcmp(a.blocks[1].attn_dropout_mask, b.blocks[1].attn_dropout_mask, size_t(2) * c.num_heads * 7 * 7));
     float other = b.forward(tokens.data(), tokens.data() + 1, {9, 5, 0});
     EXPECT_NE(la, other);
     float eval = b.forward(tokens.data(), tokens.data() + 1, {9, 5, 0}, false);
@@ -234,8 +235,8 @@ TEST(Memory, CudnnAttentionKeepsOnlyTheSoftmaxStatistics) {
             int64_t expected = (t == 1 || sp ? 34 * s * b * h / t : s * b * h * 10 + s * b * h * 24 / t) +
                                4 * a * s * b / t;
             EXPECT_EQ(report.block_bytes, expected) << "t=" << t << (sp ? " TP+SP" : " TP only");
-            EXPECT_EQ(report.block_bytes, block_activation_formula_bytes(b, s, h, a, 2, t, sp || t == 1,
-                                                                         AttentionKernel::cudnn_fused));
+            EXPECT_EQ(report.block_bytes,
+                      block_activation_formula_bytes(b, s, h, a, 2, t, sp || t == 1, AttentionKernel::cudnn_fused));
             EXPECT_EQ(report.text.find("softmax_out"), std::string::npos);
             EXPECT_NE(report.text.find("softmax_stats"), std::string::npos);
             EXPECT_NE(report.text.find("4·b·a·s"), std::string::npos);
@@ -276,7 +277,8 @@ TEST(Memory, NothingOutsideTheTableIsKeptAcrossForwardAndBackward) {
         model.forward(tokens.data(), tokens.data() + 1, {1, 1, 0});
         if (poison) {
             float* w = static_cast<float*>(model.workspace_arena.data());
-            for (size_t i = 0; i < model.workspace_arena.bytes() / 4; i++) w[i] = std::numeric_limits<float>::quiet_NaN();
+            for (size_t i = 0; i < model.workspace_arena.bytes() / 4; i++)
+                w[i] = std::numeric_limits<float>::quiet_NaN();
         }
         model.backward(1.0f / N);
         (poison ? poisoned : clean).assign(model.grads.wte, model.grads.wte + model.num_parameters);

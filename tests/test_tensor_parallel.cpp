@@ -5,8 +5,8 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -76,8 +76,8 @@ void compare_with_one_rank(int t, bool sequence_parallel) {
         for (int b = 0; b < B; b++) {
             size_t block = size_t(heads) * S * S;
             EXPECT_EQ(0, std::memcmp(split.blocks[l].attn_dropout_mask + b * block,
-                                     one.blocks[l].attn_dropout_mask + (size_t(b) * config.num_heads +
-                                                                        size_t(group.rank()) * heads) * S * S,
+                                     one.blocks[l].attn_dropout_mask +
+                                         (size_t(b) * config.num_heads + size_t(group.rank()) * heads) * S * S,
                                      block))
                 << "attention mask, layer " << l;
         }
@@ -148,7 +148,8 @@ void compare_overlap_with_plain(int t, const OverlapSettings& overlap, const std
             EXPECT_NEAR(losses[1], losses[0], 1e-6 * losses[0]);
             int64_t at = 0;
             for (const TensorSpec& spec : model.parameter_specs) {
-                EXPECT_LT(tpsp::testing::relative_error(grads[1].data() + at, grads[0].data() + at, spec.elements()), 1e-5)
+                EXPECT_LT(tpsp::testing::relative_error(grads[1].data() + at, grads[0].data() + at, spec.elements()),
+                          1e-5)
                     << "gradient of " << spec.name;
                 at += spec.elements();
             }
@@ -174,9 +175,10 @@ TEST(Overlap, EverySwitchAloneAndAllTogetherLeaveTheNumbersUnchanged) {
     all_rs_dgrad.rs_dgrad = all_rs_dgrad.rs_pipeline = true;
     all_rs_dgrad.num_splits = 3;
     for (int t : {2, 4})
-        for (const Case& c : {Case{"ag", ag}, Case{"rs ring", rs_ring}, Case{"rs pipeline", rs_pipeline},
-                              Case{"bulk dgrad", bulk_dgrad}, Case{"bulk wgrad", bulk_wgrad}, Case{"rs dgrad", rs_dgrad},
-                              Case{"all (bulk)", all}, Case{"all (rs dgrad, pipeline, 3 splits)", all_rs_dgrad}})
+        for (const Case& c :
+             {Case{"ag", ag}, Case{"rs ring", rs_ring}, Case{"rs pipeline", rs_pipeline},
+              Case{"bulk dgrad", bulk_dgrad}, Case{"bulk wgrad", bulk_wgrad}, Case{"rs dgrad", rs_dgrad},
+              Case{"all (bulk)", all}, Case{"all (rs dgrad, pipeline, 3 splits)", all_rs_dgrad}})
             compare_overlap_with_plain(t, c.settings, c.name);
 }
 
@@ -192,7 +194,8 @@ TEST(Communicator, ARingOfPointToPointExchangesAllGathers) {
     for (int hop = 0; hop < t - 1; hop++) {
         int send_chunk = (me - hop + t) % t, receive_chunk = (me - hop - 1 + t) % t;
         MpiTransfer sent = world.start_send(ring.data() + send_chunk * count, count, (me + 1) % t, hop);
-        MpiTransfer received = world.start_receive(ring.data() + receive_chunk * count, count, (me - 1 + t) % t, hop, "ring");
+        MpiTransfer received = world.start_receive(ring.data() + receive_chunk * count, count, (me - 1 + t) % t, hop,
+                                                   "ring");
         while (!world.test(received)) {
         }
         world.wait(sent);

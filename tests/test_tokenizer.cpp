@@ -51,8 +51,9 @@ const GPT2Tokenizer& tokenizer() {
 void expect_same_tokens(const std::vector<int>& ours, const std::vector<int>& reference) {
     ASSERT_EQ(ours.size(), reference.size());
     for (size_t i = 0; i < ours.size(); i++)
-        ASSERT_EQ(ours[i], reference[i]) << "first difference at token " << i << ": '" << tokenizer().token_bytes(ours[i])
-                                         << "' vs '" << tokenizer().token_bytes(reference[i]) << "'";
+        ASSERT_EQ(ours[i], reference[i]) << "first difference at token " << i << ": '"
+                                         << tokenizer().token_bytes(ours[i]) << "' vs '"
+                                         << tokenizer().token_bytes(reference[i]) << "'";
 }
 
 // Emoji, CJK, combining marks, \r\n, runs of spaces and digits, contractions,
@@ -62,7 +63,8 @@ const char* const hostile =
     "   leading spaces\t\ttabs\n\n\nthree newlines   \n  trailing  \n"
     "12345678901234567890 1,000,000.00 3.14159 ٣٤٥ ① Ⅻ\n"
     "日本語のテキスト、中文文本，한국어 텍스트\n"
-    "e\xcc\x81 a\xcc\x8a\xcc\x88 n\xcc\x83 Zalgo: Z\xcd\x91\xcd\x9b\xcc\x8d\xcd\x90" "a\xcd\x97l\xcd\x8c\n"
+    "e\xcc\x81 a\xcc\x8a\xcc\x88 n\xcc\x83 Zalgo: Z\xcd\x91\xcd\x9b\xcc\x8d\xcd\x90"
+    "a\xcd\x97l\xcd\x8c\n"
     "emoji: 😀👍🏽👨‍👩‍👧‍👦 🇩🇪 ❤️\n"
     "nbsp:\xc2\xa0x, nel:\xc2\x85y, bom:\xef\xbb\xbfz, ideographic:\xe3\x80\x80w, thin:\xe2\x80\x89v\n"
     "symbols: <|endoftext|> $$$ %%% ^^^ &&& *** ((( ))) \\\\ /// ... ??? !!! ~~~\n"

@@ -4,17 +4,17 @@
 #include <gtest/gtest.h>
 
 #include <cctype>
-#include <cmath>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <sstream>
 #include <string>
-#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "data/token_shards.h"
@@ -61,8 +61,8 @@ Outcome run(const std::string& args, const fs::path& dir) {
 // The tiny config on the prepared corpus, writing into dir.
 std::string tiny_train(const fs::path& dir, const std::string& extra) {
     return tpsp_binary + " train " + tiny + " data.train='" + corpus + "/train_*.bin' data.val='" + corpus +
-           "/val_*.bin' checkpoint.dir=" + (dir / "ckpt").string() + " logging.metrics=" +
-           (dir / "metrics.jsonl").string() + " train.threads=2 logging.every=1000 " + extra;
+           "/val_*.bin' checkpoint.dir=" + (dir / "ckpt").string() +
+           " logging.metrics=" + (dir / "metrics.jsonl").string() + " train.threads=2 logging.every=1000 " + extra;
 }
 
 // The field `name` of each line of a metrics file that has it, as written
@@ -119,7 +119,8 @@ TEST(Trainer, LossFallsOnTheBible) {
 
 TEST(Trainer, SamplesOfATrainedModelAreTextOfTheCorpusAlphabet) {
     fs::path dir = scratch_dir();
-    Outcome r = run(tiny_train(dir, "train.steps=300 train.warmup_steps=30 train.val_every=0 logging.sample_every=300"), dir);
+    Outcome r = run(tiny_train(dir, "train.steps=300 train.warmup_steps=30 train.val_every=0 logging.sample_every=300"),
+                    dir);
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_NE(r.out.find("sample at step 300: "), std::string::npos) << "the trainer prints its sample";
     Outcome sample = run(tpsp_binary + " sample " + (dir / "ckpt" / "model_00000300.bin").string() +
@@ -201,9 +202,10 @@ TEST(Trainer, ACheckpointReloadsToTheSameLoss) {
     std::vector<std::string> val = field(dir / "metrics.jsonl", "val_loss");
     ASSERT_EQ(val.size(), 1u);
     const float logged = float(std::stod(val[0]));  // the same float, bit for bit
-    Outcome eval = run(tpsp_binary + " eval " + tiny + " data.val='" + corpus + "/val_*.bin' train.threads=2 checkpoint.init=" +
-                       (dir / "ckpt" / "model_00000020.bin").string(),
-                   dir);
+    Outcome eval = run(
+        tpsp_binary + " eval " + tiny + " data.val='" + corpus +
+            "/val_*.bin' train.threads=2 checkpoint.init=" + (dir / "ckpt" / "model_00000020.bin").string(),
+        dir);
     ASSERT_EQ(eval.exit_code, 0) << eval.err;
     EXPECT_EQ(printed_val_loss(eval.out), logged) << eval.out << " vs " << val[0];
     // the config of a run on cuDNN's attention evaluates (on the CPU, with the explicit kernels) to the same
@@ -227,7 +229,8 @@ TEST(Trainer, GradientAccumulationEqualsTheLargerBatch) {
     std::vector<std::string> a = field(one / "metrics.jsonl", "loss"), b = field(two / "metrics.jsonl", "loss");
     ASSERT_EQ(a.size(), 4u);
     ASSERT_EQ(b.size(), 4u);
-    for (int i = 0; i < 4; i++) EXPECT_NEAR(std::stod(b[i]), std::stod(a[i]), 1e-5 * std::stod(a[i])) << "step " << i + 1;
+    for (int i = 0; i < 4; i++)
+        EXPECT_NEAR(std::stod(b[i]), std::stod(a[i]), 1e-5 * std::stod(a[i])) << "step " << i + 1;
 }
 
 // mpirun is there, and tpsp was built with MPI (not on the single-process stand-in)
@@ -288,9 +291,10 @@ TEST(TensorParallelTraining, LossesOfTwoAndFourRanksEqualOneRank) {
 TEST(TensorParallelTraining, EveryOverlapSwitchLeavesTheLossesUnchanged) {
     if (!have_mpirun()) GTEST_SKIP() << "mpirun not installed";
     fs::path root = scratch_dir();
-    const std::string only = "parallel.tp_comm_overlap=true parallel.tp_comm_overlap_ag=false "
-                             "parallel.tp_comm_overlap_rs=false parallel.tp_comm_bulk_dgrad=false "
-                             "parallel.tp_comm_bulk_wgrad=false ";
+    const std::string only =
+        "parallel.tp_comm_overlap=true parallel.tp_comm_overlap_ag=false "
+        "parallel.tp_comm_overlap_rs=false parallel.tp_comm_bulk_dgrad=false "
+        "parallel.tp_comm_bulk_wgrad=false ";
     const std::vector<std::pair<std::string, std::string>> switches = {
         {"ag", only + "parallel.tp_comm_overlap_ag=true"},
         {"rs_ring", only + "parallel.tp_comm_overlap_rs=true"},
@@ -304,7 +308,8 @@ TEST(TensorParallelTraining, EveryOverlapSwitchLeavesTheLossesUnchanged) {
         auto losses = [&](const std::string& name, const std::string& flags) {
             fs::path dir = root / (name + std::to_string(t));
             fs::create_directories(dir);
-            Outcome r = run(mpirun(t) + tiny_train(dir, short_run + "parallel.tp=" + std::to_string(t) + " " + flags), dir);
+            Outcome r = run(mpirun(t) + tiny_train(dir, short_run + "parallel.tp=" + std::to_string(t) + " " + flags),
+                            dir);
             EXPECT_EQ(r.exit_code, 0) << r.err;
             return field(dir / "metrics.jsonl", "loss");
         };
@@ -324,7 +329,7 @@ TEST(TensorParallelTraining, EveryOverlapSwitchLeavesTheLossesUnchanged) {
 TEST(TensorParallelTraining, OverlapWithoutSequenceParallelIsAClearError) {
     fs::path dir = scratch_dir();
     expect_clean_failure(dir, "parallel.tp_comm_overlap=true parallel.sequence_parallel=false",
-                                  "parallel.tp_comm_overlap: the overlap schedules need parallel.sequence_parallel: true");
+                         "parallel.tp_comm_overlap: the overlap schedules need parallel.sequence_parallel: true");
 }
 
 TEST(TensorParallelTraining, CudnnAttentionOnTheCpuIsAClearError) {
@@ -337,13 +342,15 @@ TEST(TensorParallelTraining, TheTraceShowsComputeAndCommunicationOfEveryRank) {
     if (!have_mpirun()) GTEST_SKIP() << "mpirun not installed";
     fs::path dir = scratch_dir();
     fs::path trace = dir / "trace.json";
-    Outcome r = run(mpirun(2) + tiny_train(dir, short_run + "train.steps=3 parallel.tp=2 parallel.tp_comm_overlap=true "
-                                                "logging.trace=" + trace.string() + " logging.trace_steps=2"),
+    Outcome r = run(mpirun(2) + tiny_train(dir, short_run +
+                                                    "train.steps=3 parallel.tp=2 parallel.tp_comm_overlap=true "
+                                                    "logging.trace=" +
+                                                    trace.string() + " logging.trace_steps=2"),
                     dir);
     ASSERT_EQ(r.exit_code, 0) << r.err;
     std::string json = read_text(trace);
-    for (const char* needle : {"\"traceEvents\"", "\"pid\": 0, \"tid\": 0", "\"pid\": 1, \"tid\": 1",
-                               "ring all-gather", "ring reduce-scatter", "bulk all-gather", "\"fc1 + gelu\"", "rank 1"})
+    for (const char* needle : {"\"traceEvents\"", "\"pid\": 0, \"tid\": 0", "\"pid\": 1, \"tid\": 1", "ring all-gather",
+                               "ring reduce-scatter", "bulk all-gather", "\"fc1 + gelu\"", "rank 1"})
         EXPECT_NE(json.find(needle), std::string::npos) << "the trace lacks " << needle;
     std::vector<std::string> exposed = field(dir / "metrics.jsonl", "exposed_comm_ms");
     std::vector<std::string> total = field(dir / "metrics.jsonl", "comm_ms");
@@ -379,7 +386,8 @@ TEST(TensorParallelTraining, CollectiveBytesAreWhatTheLayoutImplies) {
     for (bool sp : {true, false}) {
         fs::path dir = root / (sp ? "sp" : "tp");
         fs::create_directories(dir);
-        std::string args = short_run + "train.steps=2 parallel.tp=2 parallel.sequence_parallel=" + (sp ? "true" : "false");
+        std::string args = short_run +
+                           "train.steps=2 parallel.tp=2 parallel.sequence_parallel=" + (sp ? "true" : "false");
         ASSERT_EQ(run(mpirun(2) + tiny_train(dir, args), dir).exit_code, 0);
         int64_t ag = std::stoll(field(dir / "metrics.jsonl", "all_gather_bytes")[0]);
         int64_t rs = std::stoll(field(dir / "metrics.jsonl", "reduce_scatter_bytes")[0]);
@@ -407,7 +415,8 @@ TEST(TensorParallelTraining, TwoDataParallelTimesTwoTensorParallelEqualsOneRankW
     std::vector<std::string> a = field(one / "metrics.jsonl", "loss"), b = field(four / "metrics.jsonl", "loss");
     ASSERT_EQ(a.size(), 10u);
     ASSERT_EQ(b.size(), 10u);
-    for (int i = 0; i < 10; i++) EXPECT_NEAR(std::stod(b[i]), std::stod(a[i]), 1e-4 * std::stod(a[i])) << "step " << i + 1;
+    for (int i = 0; i < 10; i++)
+        EXPECT_NEAR(std::stod(b[i]), std::stod(a[i]), 1e-4 * std::stod(a[i])) << "step " << i + 1;
 }
 
 TEST(TensorParallelTraining, ACheckpointSavedAtTwoRanksResumesAtOneAndFour) {
@@ -483,8 +492,7 @@ TEST(Bench, TheBreakdownNamesEveryPartAndAddsUpToTheStep) {
                     dir);
     ASSERT_EQ(r.exit_code, 0) << r.err;
     std::smatch m;
-    ASSERT_TRUE(std::regex_search(r.out, m, std::regex("breakdown of one forward\\+backward, ([0-9.]+) ms")))
-        << r.out;
+    ASSERT_TRUE(std::regex_search(r.out, m, std::regex("breakdown of one forward\\+backward, ([0-9.]+) ms"))) << r.out;
     const double step_ms = std::stod(m[1]);
     std::map<std::string, double> rows;
     std::regex row("\n  (\\S.*\\S) +(-?[0-9.]+) ms +-?[0-9.]+%");
@@ -493,11 +501,27 @@ TEST(Bench, TheBreakdownNamesEveryPartAndAddsUpToTheStep) {
     double sum = 0.0;
     for (const auto& [name, ms] : rows) sum += ms;
     EXPECT_NEAR(sum, step_ms, 0.001 * double(rows.size()) + 1e-9) << r.out;
-    for (const char* part : {"zero gradients", "embeddings", "layernorm", "qkv", "attention", "attention proj",
-                             "bias, dropout, residual", "fc1 + gelu", "fc2", "lm head", "cross-entropy",
-                             "cross-entropy backward", "lm head backward", "layernorm backward",
-                             "dropout, bias backward", "fc2 + gelu backward", "fc1 backward",
-                             "attention proj backward", "attention backward", "qkv backward", "embeddings backward",
+    for (const char* part : {"zero gradients",
+                             "embeddings",
+                             "layernorm",
+                             "qkv",
+                             "attention",
+                             "attention proj",
+                             "bias, dropout, residual",
+                             "fc1 + gelu",
+                             "fc2",
+                             "lm head",
+                             "cross-entropy",
+                             "cross-entropy backward",
+                             "lm head backward",
+                             "layernorm backward",
+                             "dropout, bias backward",
+                             "fc2 + gelu backward",
+                             "fc1 backward",
+                             "attention proj backward",
+                             "attention backward",
+                             "qkv backward",
+                             "embeddings backward",
                              "(outside every span)"}) {
         ASSERT_EQ(rows.count(part), 1u) << "no row for " << part << "\n" << r.out;
         EXPECT_GE(rows[part], 0.0) << part << "\n" << r.out;

@@ -20,7 +20,8 @@ template <class Backend>
 class AdamWOptimizer {
 public:
     AdamWOptimizer(const GPTModel<Backend>& model, const AdamWSettings& settings) : settings_(settings) {
-        moment_specs_ = {tensor("m", {{model.num_parameters, "N"}}, &m), tensor("v", {{model.num_parameters, "N"}}, &v)};
+        moment_specs_ = {tensor("m", {{model.num_parameters, "N"}}, &m),
+                         tensor("v", {{model.num_parameters, "N"}}, &v)};
         arena_ = Arena(moment_specs_, Backend::memory());
         int64_t at = 0;
         for (const TensorSpec& t : model.parameter_specs) {
@@ -31,8 +32,8 @@ public:
     // One update of every parameter; step counts from 1.
     void update(GPTModel<Backend>& model, float lr, float grad_scale, int64_t step) {
         const float b1 = settings_.beta1, b2 = settings_.beta2;
-        const AdamWStep s{lr, b1, b2, settings_.eps, grad_scale, 1.0f - std::pow(b1, float(step)),
-                          1.0f - std::pow(b2, float(step))};
+        const AdamWStep s{
+            lr, b1, b2, settings_.eps, grad_scale, 1.0f - std::pow(b1, float(step)), 1.0f - std::pow(b2, float(step))};
         for (const Range& r : ranges_)
             Backend::adamw_update(model.params.wte + r.begin, model.grads.wte + r.begin, m + r.begin, v + r.begin,
                                   r.end - r.begin, r.decay ? settings_.weight_decay : 0.0f, s);

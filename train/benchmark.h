@@ -28,8 +28,7 @@ inline void print_breakdown(const Tracer& tracer, double step_seconds) {
     const std::vector<std::pair<std::string, double>> spans = tracer.compute_seconds_by_name();
     double covered = 0.0;
     for (const auto& [name, seconds] : spans) covered += seconds;
-    std::printf("breakdown of one forward+backward, %.3f ms with a wait at every span's ends:\n",
-                step_seconds * 1e3);
+    std::printf("breakdown of one forward+backward, %.3f ms with a wait at every span's ends:\n", step_seconds * 1e3);
     auto row = [&](const std::string& name, double seconds) {
         std::printf("  %-28s %9.3f ms %6.1f%%\n", name.c_str(), seconds * 1e3, 100.0 * seconds / step_seconds);
     };
@@ -79,13 +78,14 @@ void run_benchmark(const GPTConfig& config, const RunShape& shape, const BenchOp
     const double median = times[times.size() / 2];
     const double flops = model_flops_per_token(config, shape.seq_len) * N;
     const char* attention = config.attention == AttentionKernel::cudnn_fused ? "cudnn" : "explicit";
-    std::printf("%-10s %s L=%d h=%d a=%d V=%d b=%d s=%d dropout=%g attention=%s threads=%d | params %.1fM"
-                " | %s %.1f GFLOP/s | fwd+bwd %.1f ms (median of %d, best %.1f) | %.0f tok/s | %.1f GFLOP/s | MFU %.1f%%"
-                " | activations %.1f MiB\n",
-                label, Backend::name, config.num_layers, config.channels, config.num_heads, config.vocab_size,
-                shape.batch, shape.seq_len, shape.dropout, attention, omp_get_max_threads(), model.num_parameters / 1e6,
-                Backend::peak_flops_name(), peak / 1e9, median * 1e3, options.steps, times.front() * 1e3, N / median,
-                flops / median / 1e9, 100.0 * flops / median / peak, model.activation_arena.bytes() / 1048576.0);
+    std::printf(
+        "%-10s %s L=%d h=%d a=%d V=%d b=%d s=%d dropout=%g attention=%s threads=%d | params %.1fM"
+        " | %s %.1f GFLOP/s | fwd+bwd %.1f ms (median of %d, best %.1f) | %.0f tok/s | %.1f GFLOP/s | MFU %.1f%%"
+        " | activations %.1f MiB\n",
+        label, Backend::name, config.num_layers, config.channels, config.num_heads, config.vocab_size, shape.batch,
+        shape.seq_len, shape.dropout, attention, omp_get_max_threads(), model.num_parameters / 1e6,
+        Backend::peak_flops_name(), peak / 1e9, median * 1e3, options.steps, times.front() * 1e3, N / median,
+        flops / median / 1e9, 100.0 * flops / median / peak, model.activation_arena.bytes() / 1048576.0);
     if (!options.breakdown) return;
     Tracer tracer;
     tracer.enable(size_t(100000));

@@ -19,7 +19,7 @@ struct Key {
     std::string type;  // "int", "float", "bool", "string"
     std::string help;
     std::function<void(Config&, const std::string&)> set;  // throws std::invalid_argument("expected …")
-    std::function<std::string(Config)> show;  // of a copy: the fields are reached through Config&
+    std::function<std::string(Config)> show;               // of a copy: the fields are reached through Config&
 };
 
 long long parse_int(const std::string& text) {
@@ -49,7 +49,8 @@ Key int_key(std::string name, int& (*field)(Config&), long long min, std::string
     return {name, "int", help,
             [=](Config& c, const std::string& text) {
                 long long v = parse_int(text);
-                if (v < min || v > 2147483647) throw std::invalid_argument("must be ≥ " + std::to_string(min) + ", got " + text);
+                if (v < min || v > 2147483647)
+                    throw std::invalid_argument("must be ≥ " + std::to_string(min) + ", got " + text);
                 field(c) = int(v);
             },
             [=](Config c) { return std::to_string(field(c)); }};
@@ -232,10 +233,12 @@ void apply_map(Config& c, const std::string& path, const std::string& prefix, co
 
 // Relations between keys, named by the key that has to change.
 void validate(const Config& c, const std::string& where) {
-    auto fail = [&](const std::string& key, const std::string& what) { throw ConfigError(where + ": " + key + ": " + what); };
+    auto fail = [&](const std::string& key, const std::string& what) {
+        throw ConfigError(where + ": " + key + ": " + what);
+    };
     if (c.model.channels % c.model.heads != 0)
-        fail("model.heads", std::to_string(c.model.heads) + " does not divide model.channels = " +
-                                std::to_string(c.model.channels));
+        fail("model.heads",
+             std::to_string(c.model.heads) + " does not divide model.channels = " + std::to_string(c.model.channels));
     if (c.model.padded_vocab_size != 0 && c.model.padded_vocab_size < c.model.vocab_size)
         fail("model.padded_vocab_size", "must be ≥ model.vocab_size = " + std::to_string(c.model.vocab_size));
     if (c.model.vocab_size > 65536) fail("model.vocab_size", "token shards hold uint16 tokens: at most 65536");
@@ -260,8 +263,9 @@ void validate(const Config& c, const std::string& where) {
     if (c.model.attention == "cudnn" && c.train.device == "cpu")
         fail("model.attention", "cudnn is cuDNN's fused attention on the GPU: it needs train.device: cuda");
     if (c.model.attention == "cudnn" && (c.model.channels / c.model.heads) % 8 != 0)
-        fail("model.attention", "cuDNN's fused attention needs a head size (model.channels / model.heads) "
-                                "that is a multiple of 8");
+        fail("model.attention",
+             "cuDNN's fused attention needs a head size (model.channels / model.heads) "
+             "that is a multiple of 8");
     if (c.train.device != "cpu" && c.parallel.emulated_link_gbps > 0)
         fail("parallel.emulated_link.gbps", "the emulated link is a CPU measuring aid: it needs train.device: cpu");
 }
@@ -328,7 +332,8 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 std::string config_reference() {
     Config defaults;
     std::string out = "| key | type | default | meaning |\n|---|---|---|---|\n";
-    for (const Key& k : keys()) out += "| `" + k.name + "` | " + k.type + " | `" + k.show(defaults) + "` | " + k.help + " |\n";
+    for (const Key& k : keys())
+        out += "| `" + k.name + "` | " + k.type + " | `" + k.show(defaults) + "` | " + k.help + " |\n";
     return out;
 }
 

@@ -38,7 +38,7 @@ struct Config {
         float grad_clip = 1.0f;  // 0: off
         int val_every = 100, val_batches = 20;
         uint64_t seed = 1337;
-        int threads = 0;  // 0: OpenMP's default
+        int threads = 0;             // 0: OpenMP's default
         std::string device = "cpu";  // cpu | cuda | auto
     } train;
     struct Parallel {
@@ -63,7 +63,7 @@ struct Config {
     struct Logging {
         int every = 1;
         std::string metrics;
-        std::string trace;    // Chrome trace of the first trace_steps steps
+        std::string trace;  // Chrome trace of the first trace_steps steps
         int trace_steps = 3;
         int sample_every = 0;  // 0: never
         int sample_tokens = 64;

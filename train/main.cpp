@@ -94,8 +94,9 @@ Device resolve_device(const Config& cfg, bool needs_gpu) {
     if (device == "cpu") return Device::cpu;
     if (device == "auto" && !(built_with_cuda() && visible_gpus() > 0)) {
         if (cfg.model.attention == "cudnn")
-            throw ConfigError("model.attention: cudnn: train.device: auto found no GPU, and cuDNN's fused "
-                              "attention has no CPU version (model.attention: explicit runs anywhere)");
+            throw ConfigError(
+                "model.attention: cudnn: train.device: auto found no GPU, and cuDNN's fused "
+                "attention has no CPU version (model.attention: explicit runs anywhere)");
         return Device::cpu;
     }
     if (!built_with_cuda() && needs_gpu)
@@ -103,8 +104,9 @@ Device resolve_device(const Config& cfg, bool needs_gpu) {
     if (needs_gpu && visible_gpus() == 0)
         throw ConfigError("train.device: cuda: no CUDA device is visible (train.device: auto falls back to the CPU)");
     if (needs_gpu && cfg.model.attention == "cudnn" && !built_with_cudnn())
-        throw ConfigError("model.attention: cudnn: this tpsp was built without cuDNN (configure with "
-                          "-DCUDNN_ROOT=<cuDNN's folder>; model.attention: explicit needs none)");
+        throw ConfigError(
+            "model.attention: cudnn: this tpsp was built without cuDNN (configure with "
+            "-DCUDNN_ROOT=<cuDNN's folder>; model.attention: explicit needs none)");
     return Device::cuda;
 }
 
@@ -163,8 +165,7 @@ int run_command(int argc, char** argv, bool lead) {
     CLI::App* bench = app.add_subcommand("bench", "time forward+backward: ms, tokens/s, MFU");
     add_config_arguments(bench, bench_args);
     BenchOptions bench_options;
-    bench->add_option("--steps", bench_options.steps, "timed steps (after 2 of warm-up)")
-        ->check(at_least(1));
+    bench->add_option("--steps", bench_options.steps, "timed steps (after 2 of warm-up)")->check(at_least(1));
     bench->add_flag("--breakdown", bench_options.breakdown, "and one more step, timed part by part");
 
     CLI::App* prepare = app.add_subcommand("prepare", "text files -> llm.c token shards");

@@ -60,8 +60,8 @@ private:
 // Saves step `step` into dir: the model file, the state file, then `latest`.
 // Collective over the TP group of dp rank 0; world rank 0 writes.
 template <class Backend>
-void save_run(const std::string& dir, GPTModel<Backend>& model, const AdamWOptimizer<Backend>& opt,
-              ProcessGrid& grid, ShardGatherer<Backend>& gatherer, int step, int64_t loader_position) {
+void save_run(const std::string& dir, GPTModel<Backend>& model, const AdamWOptimizer<Backend>& opt, ProcessGrid& grid,
+              ShardGatherer<Backend>& gatherer, int step, int64_t loader_position) {
     if (grid.dp_rank != 0) return;  // every DP replica holds the same model
     const int64_t n = full_parameter_count(model.config);
     const bool writer = grid.world_rank == 0;

@@ -33,11 +33,11 @@ int sample_command(const std::string& checkpoint, const SampleOptions& options) 
     auto bytes_of = [&](int token) { return gpt2 ? gpt2->token_bytes(token) : std::string(1, char(token)); };
     std::fputs(options.prompt.c_str(), stdout);
     Generator generator(config, model.params.wte);
-    const int made =
-        generate(generator, config, prompt, options.tokens, options.temperature, options.top_k, options.seed, [&](int t) {
-            std::fputs(bytes_of(t).c_str(), stdout);
-            std::fflush(stdout);
-        });
+    const int made = generate(generator, config, prompt, options.tokens, options.temperature, options.top_k,
+                              options.seed, [&](int t) {
+                                  std::fputs(bytes_of(t).c_str(), stdout);
+                                  std::fflush(stdout);
+                              });
     std::fputs("\n", stdout);
     if (made < options.tokens)
         std::fprintf(stderr, "tpsp: note: stopped after %d tokens, at the model's context of %d positions\n", made,

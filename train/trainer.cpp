@@ -30,7 +30,8 @@ int evaluate(const Config& cfg) {
     GPT model(gc, shape);
     load_checkpoint(model, cfg.checkpoint.init);
     std::vector<int> inputs(size_t(shape.batch) * shape.seq_len), targets(inputs.size());
-    float val = trainer_detail::validation_loss(model, val_loader, grid, cfg.train.val_batches, inputs.data(), targets.data());
+    float val = trainer_detail::validation_loss(model, val_loader, grid, cfg.train.val_batches, inputs.data(),
+                                                targets.data());
     if (grid.world_rank == 0)
         std::printf("val loss %.9g over %d batches of %d×%d tokens\n", val, cfg.train.val_batches, shape.batch,
                     shape.seq_len);

@@ -34,14 +34,14 @@ public:
 
 private:
     using Comm = typename Backend::Comm;
-    void build();                         // set_up's work on this rank
-    void restore();                       // checkpoint.resume, checkpoint.init, or random weights
+    void build();    // set_up's work on this rank
+    void restore();  // checkpoint.resume, checkpoint.init, or random weights
     void print_header() const;
-    StepMetrics train_step(int step);     // one optimizer step: micro-batches, reductions, clip, AdamW
-    float validation_loss();              // mean over train.val_batches batches of every DP rank
+    StepMetrics train_step(int step);  // one optimizer step: micro-batches, reductions, clip, AdamW
+    float validation_loss();           // mean over train.val_batches batches of every DP rank
     void log(const StepMetrics& m, bool last);
-    void sample(int done);                // a short text from the model (rank 0 prints)
-    void save(int done);                  // checkpoint.dir: model, state, latest
+    void sample(int done);  // a short text from the model (rank 0 prints)
+    void save(int done);    // checkpoint.dir: model, state, latest
     void write_trace();
 
     const Config& cfg_;
@@ -51,18 +51,18 @@ private:
     ProcessGrid grid_;
     Tracer tracer_;
     std::unique_ptr<typename Backend::Runtime> runtime_;  // the GPU this rank drives, on CUDA
-    std::unique_ptr<Comm> tp_comm_, dp_comm_;            // the model's and the gradients' groups
+    std::unique_ptr<Comm> tp_comm_, dp_comm_;             // the model's and the gradients' groups
     std::unique_ptr<TokenLoader> train_loader_, val_loader_;
     std::unique_ptr<GPTModel<Backend>> model_;
     std::unique_ptr<AdamWOptimizer<Backend>> optimizer_;
-    std::unique_ptr<ShardGatherer<Backend>> gatherer_;    // for checkpoints and samples
+    std::unique_ptr<ShardGatherer<Backend>> gatherer_;  // for checkpoints and samples
     std::unique_ptr<Generator> sampler_;
-    std::vector<std::string> token_text_;                 // what each token prints as, for samples
-    std::vector<int> sample_prompt_;                      // a sample's first token
+    std::vector<std::string> token_text_;  // what each token prints as, for samples
+    std::vector<int> sample_prompt_;       // a sample's first token
     MetricsFile metrics_;
     int start_step_ = 0;
     int tokens_per_step_ = 0;
-    double flops_per_step_ = 0.0;   // model FLOPs of this rank's share of a step
+    double flops_per_step_ = 0.0;  // model FLOPs of this rank's share of a step
     double peak_flops_ = 0.0;
     std::vector<int> inputs_, targets_;  // one micro-batch [b, s], on the host
 };

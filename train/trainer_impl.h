@@ -72,9 +72,9 @@ int local_rank();
 
 template <class Backend>
 Trainer<Backend>::Trainer(const Config& config)
-    : cfg_(config), gpt_(config.gpt()), shape_(config.run_shape()),
-      schedule_{config.train.lr, config.train.min_lr_ratio, config.train.warmup_steps, config.train.steps,
-                config.train.lr_schedule == "cosine"},
+    : cfg_(config), gpt_(config.gpt()),
+      shape_(config.run_shape()), schedule_{config.train.lr, config.train.min_lr_ratio, config.train.warmup_steps,
+                                            config.train.steps, config.train.lr_schedule == "cosine"},
       sample_prompt_{gpt_.vocab_size == 256 ? int('\n') : gpt2_end_of_text},
       inputs_(size_t(shape_.batch) * shape_.seq_len), targets_(inputs_.size()) {}
 
@@ -122,8 +122,7 @@ void Trainer<Backend>::build() {
     if (cfg_.logging.sample_every > 0) {
         if (gpt_.vocab_size == 256)
             for (int b = 0; b < 256; b++) token_text_.push_back(std::string(1, char(b)));
-        else
-            token_text_ = read_llmc_tokenizer(cfg_.data.tokenizer).token_bytes;
+        else token_text_ = read_llmc_tokenizer(cfg_.data.tokenizer).token_bytes;
         sampler_ = std::make_unique<Generator>(gpt_, gatherer_->full());
     }
     restore();
@@ -149,12 +148,13 @@ void Trainer<Backend>::print_header() const {
     if (start_step_ > 0) std::printf("resumed %s at step %d\n", cfg_.checkpoint.resume.c_str(), start_step_);
     else if (!cfg_.checkpoint.init.empty()) std::printf("initialised from %s\n", cfg_.checkpoint.init.c_str());
     const GPTConfig& g = gpt_;
-    std::printf("model: L=%d a=%d h=%d V=%d (Vp %d) | %.2fM parameters | b=%d s=%d accum=%d | "
-                "ranks %d = dp %d × tp %d%s | %s, %d threads per rank | %s %.1f GFLOP/s\n",
-                g.num_layers, g.num_heads, g.channels, g.vocab_size, g.padded_vocab_size,
-                full_parameter_count(g) / 1e6, shape_.batch, shape_.seq_len, cfg_.train.grad_accum, grid_.world_size,
-                grid_.dp, grid_.tp, grid_.tp > 1 ? (cfg_.parallel.sequence_parallel ? " (TP+SP)" : " (TP only)") : "",
-                Backend::name, omp_get_max_threads(), Backend::peak_flops_name(), peak_flops_ / 1e9);
+    std::printf(
+        "model: L=%d a=%d h=%d V=%d (Vp %d) | %.2fM parameters | b=%d s=%d accum=%d | "
+        "ranks %d = dp %d × tp %d%s | %s, %d threads per rank | %s %.1f GFLOP/s\n",
+        g.num_layers, g.num_heads, g.channels, g.vocab_size, g.padded_vocab_size, full_parameter_count(g) / 1e6,
+        shape_.batch, shape_.seq_len, cfg_.train.grad_accum, grid_.world_size, grid_.dp, grid_.tp,
+        grid_.tp > 1 ? (cfg_.parallel.sequence_parallel ? " (TP+SP)" : " (TP only)") : "", Backend::name,
+        omp_get_max_threads(), Backend::peak_flops_name(), peak_flops_ / 1e9);
     std::printf("data: %zu train shard(s), %lld batches per epoch\n", train_loader_->num_shards(),
                 (long long)train_loader_->batches_per_epoch());
     const OverlapSettings o = cfg_.overlap();
@@ -248,9 +248,8 @@ void Trainer<Backend>::log(const StepMetrics& m, bool last) {
     if (grid_.world_rank != 0) return;
     const bool has_val = !std::isnan(m.val_loss);
     if (m.step % cfg_.logging.every == 0 || last || has_val) {
-        std::printf("step %5d/%d | loss %.6f | lr %.3e | grad norm %.4f | %7.1f ms | %8.0f tok/s | MFU %5.1f%%",
-                    m.step, cfg_.train.steps, m.loss, m.lr, m.grad_norm, m.seconds * 1e3, m.tokens_per_second,
-                    100.0 * m.mfu);
+        std::printf("step %5d/%d | loss %.6f | lr %.3e | grad norm %.4f | %7.1f ms | %8.0f tok/s | MFU %5.1f%%", m.step,
+                    cfg_.train.steps, m.loss, m.lr, m.grad_norm, m.seconds * 1e3, m.tokens_per_second, 100.0 * m.mfu);
         if (grid_.tp > 1)
             std::printf(" | AG %.1f RS %.1f AR %.1f MB | comm %.1f ms, exposed %.1f ms", m.bytes.all_gather / 1e6,
                         m.bytes.reduce_scatter / 1e6, m.bytes.all_reduce / 1e6, m.comm.total * 1e3,
@@ -288,8 +287,7 @@ void Trainer<Backend>::write_trace() {
     const bool lead = grid_.world_rank == 0;
     if (!tracer_.write(cfg_.logging.trace, grid_.world_rank, &world) && lead)
         std::fprintf(stderr, "tpsp: error: %s: cannot write the trace\n", cfg_.logging.trace.c_str());
-    else if (lead)
-        std::printf("wrote %s (a Chrome trace: open it in Perfetto)\n", cfg_.logging.trace.c_str());
+    else if (lead) std::printf("wrote %s (a Chrome trace: open it in Perfetto)\n", cfg_.logging.trace.c_str());
 }
 
 }  // namespace tpsp

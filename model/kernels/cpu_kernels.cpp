@@ -8,7 +8,6 @@
 #include <cmath>
 #include <cstring>
 
-
 namespace tpsp {
 
 // exp(x) written so that `omp simd` loops vectorise it (libm's expf and tanhf
@@ -33,8 +32,8 @@ static inline float vector_tanh(float u) { return 1.0f - 2.0f / (vector_exp(2.0f
 // dropout (the keying is in dropout_rng.h)
 
 // One contiguous run of n elements starting at global index g0.
-static void dropout_row(float* out, uint8_t* mask, const float* inp, int64_t n, uint64_t g0, float p,
-                        float scale, const DropoutKey& key) {
+static void dropout_row(float* out, uint8_t* mask, const float* inp, int64_t n, uint64_t g0, float p, float scale,
+                        const DropoutKey& key) {
     PhiloxCounter bits = dropout_block(key, g0 / 4);
     for (int64_t i = 0; i < n; i++) {
         uint64_t g = g0 + i;
@@ -70,8 +69,8 @@ void dropout_backward(float* dinp, const uint8_t* mask, const float* dout, int64
 // ----------------------------------------------------------------------------
 // embedding
 
-void token_embedding_forward(float* out, const int* inp, const float* wte, int vocab_start, int V_local, int B,
-                             int T, int C) {
+void token_embedding_forward(float* out, const int* inp, const float* wte, int vocab_start, int V_local, int B, int T,
+                             int C) {
 #pragma omp parallel for collapse(2)
     for (int t = 0; t < T; t++) {
         for (int b = 0; b < B; b++) {
@@ -217,8 +216,8 @@ void matmul_backward_input(float* dinp, const float* dout, const float* weight, 
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C, 0.0f, dinp, C);
 }
 
-void matmul_forward_gelu(float* out, float* pre_gelu, const float* inp, const float* weight, const float* bias,
-                         int N, int C, int OC) {
+void matmul_forward_gelu(float* out, float* pre_gelu, const float* inp, const float* weight, const float* bias, int N,
+                         int C, int OC) {
     matmul_forward(pre_gelu, inp, weight, bias, N, C, OC);
     gelu_forward(out, pre_gelu, int64_t(N) * OC);
 }
@@ -239,8 +238,8 @@ void matmul_backward_input_columns(float* dinp, const float* dout, const float* 
 void matmul_backward_weight(float* dweight, float* dbias, const float* dout, const float* inp, int N, int C, int OC,
                             int o_begin, int o_end) {
     // dweight [o_end − o_begin, C] += dout[:, o_begin:o_end]^T @ inp [N, C]
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, o_end - o_begin, C, N, 1.0f, dout + o_begin, OC, inp, C,
-                1.0f, dweight + int64_t(o_begin) * C, C);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, o_end - o_begin, C, N, 1.0f, dout + o_begin, OC, inp, C, 1.0f,
+                dweight + int64_t(o_begin) * C, C);
     if (dbias) {
         for (int n = 0; n < N; n++) {
             const float* d = dout + int64_t(n) * OC;
@@ -314,9 +313,9 @@ static void causal_softmax(float* scores, int T) {
     }
 }
 
-void attention_forward(float* out, float* softmax_out, uint8_t* dropout_mask, float* dropout_out,
-                       const float* qkv, float* /*scratch*/, int B, int T, int C, int NH, float p,
-                       const DropoutBox& box, const DropoutKey& key) {
+void attention_forward(float* out, float* softmax_out, uint8_t* dropout_mask, float* dropout_out, const float* qkv,
+                       float* /*scratch*/, int B, int T, int C, int NH, float p, const DropoutBox& box,
+                       const DropoutKey& key) {
     const int hs = C / NH, qkv_stride = B * 3 * C, out_stride = B * C;  // row strides of one sequence
     const float scale = 1.0f / std::sqrt(float(hs));
     // S' = causal softmax(Q K^T · scale)
@@ -326,8 +325,8 @@ void attention_forward(float* out, float* softmax_out, uint8_t* dropout_mask, fl
             const float* q = qkv + int64_t(b) * 3 * C + h * hs;  // [T, hs], row stride B·3C
             const float* k = q + C;
             float* scores = softmax_out + (int64_t(b) * NH + h) * T * T;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, q, qkv_stride, k, qkv_stride,
-                        0.0f, scores, T);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, q, qkv_stride, k, qkv_stride, 0.0f,
+                        scores, T);
             causal_softmax(scores, T);
         }
     }
@@ -347,8 +346,8 @@ void attention_forward(float* out, float* softmax_out, uint8_t* dropout_mask, fl
 }
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* softmax_out,
-                        const uint8_t* dropout_mask, const float* dropout_out, float* scratch, int B, int T,
-                        int C, int NH, float p) {
+                        const uint8_t* dropout_mask, const float* dropout_out, float* scratch, int B, int T, int C,
+                        int NH, float p) {
     const int hs = C / NH, qkv_stride = B * 3 * C, out_stride = B * C;
     const float scale = 1.0f / std::sqrt(float(hs));
     // (b, h) pairs in parallel: each owns its columns of dqkv.
@@ -370,8 +369,8 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
             // dV = S^T dO, dS = dO V^T
             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, s, T, d, out_stride, 0.0f, dv,
                         qkv_stride);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, d, out_stride, v, qkv_stride, 0.0f,
-                        ds, T);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, d, out_stride, v, qkv_stride, 0.0f, ds,
+                        T);
             // dS' = dropout backward of dS (the mask only); then softmax backward
             // from its output: dD = S' ∘ (dS' − Σ_row S' ∘ dS'), times the score scale
             dropout_backward(ds, mask, ds, int64_t(T) * T, p);
@@ -424,8 +423,8 @@ void crossentropy_sum_forward(float* stats, const float* logits, const float* ma
     }
 }
 
-void crossentropy_backward(float* logits, const float* lse, const int* targets, int vocab_start, float dloss,
-                           int N, int V_real, int Vp_local) {
+void crossentropy_backward(float* logits, const float* lse, const int* targets, int vocab_start, float dloss, int N,
+                           int V_real, int Vp_local) {
 #pragma omp parallel for
     for (int n = 0; n < N; n++) {
         float* row = logits + int64_t(n) * Vp_local;

@@ -22,8 +22,8 @@ namespace tpsp {
 // [vocab_start, vocab_start + V_local) of wte. out [T, B, C] = wte[inp] for
 // tokens in that range, 0 for the others (the other ranks supply them).
 // inp [B, T] token ids, in the data's order.
-void token_embedding_forward(float* out, const int* inp, const float* wte, int vocab_start, int V_local, int B,
-                             int T, int C);
+void token_embedding_forward(float* out, const int* inp, const float* wte, int vocab_start, int V_local, int B, int T,
+                             int C);
 // dwte [V_local, C] accumulates;  dout [T, B, C]
 void token_embedding_backward(float* dwte, const float* dout, const int* inp, int vocab_start, int V_local, int B,
                               int T, int C);
@@ -45,8 +45,8 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
 // A linear and the GELU after it: pre_gelu [N, OC] = inp @ weight^T + bias,
 // out [N, OC] = gelu(pre_gelu). The GPU does both in one GEMM's epilogue;
 // here it is the GEMM, then the GELU on the same rows.
-void matmul_forward_gelu(float* out, float* pre_gelu, const float* inp, const float* weight, const float* bias,
-                         int N, int C, int OC);
+void matmul_forward_gelu(float* out, float* pre_gelu, const float* inp, const float* weight, const float* bias, int N,
+                         int C, int OC);
 // dinp [N, C] is OVERWRITTEN; dweight [OC, C] and dbias [OC] accumulate.
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                      const float* weight, int N, int C, int OC);
@@ -85,13 +85,13 @@ void residual_forward(float* out, const float* inp1, const float* inp2, int64_t 
 //   dropout_mask [B, NH, T, T], dropout_out [B, NH, T, T]  S = dropout(S')
 // and writes out [T, B, C] = S V. `box` places [B, NH, T*T] in the global tensor.
 // scratch: none is needed on the CPU; the argument is the CUDA twin's.
-void attention_forward(float* out, float* softmax_out, uint8_t* dropout_mask, float* dropout_out,
-                       const float* qkv, float* scratch, int B, int T, int C, int NH, float p, const DropoutBox& box,
+void attention_forward(float* out, float* softmax_out, uint8_t* dropout_mask, float* dropout_out, const float* qkv,
+                       float* scratch, int B, int T, int C, int NH, float p, const DropoutBox& box,
                        const DropoutKey& key);
 // dqkv [T, B, 3C] OVERWRITTEN; scratch [T, T] per OpenMP thread.
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* softmax_out,
-                        const uint8_t* dropout_mask, const float* dropout_out, float* scratch, int B, int T,
-                        int C, int NH, float p);
+                        const uint8_t* dropout_mask, const float* dropout_out, float* scratch, int B, int T, int C,
+                        int NH, float p);
 
 // Softmax + cross-entropy, vocabulary-parallel. This rank holds the logit
 // columns [vocab_start, vocab_start + Vp_local) of each row, of which the
@@ -107,8 +107,8 @@ void crossentropy_sum_forward(float* stats, const float* logits, const float* ma
                               int vocab_start, int N, int V_real, int Vp_local);
 // Overwrites logits [N, Vp_local] with dloss · (softmax − onehot(target)),
 // zero in the padded columns. lse [N] from the forward.
-void crossentropy_backward(float* logits, const float* lse, const int* targets, int vocab_start, float dloss,
-                           int N, int V_real, int Vp_local);
+void crossentropy_backward(float* logits, const float* lse, const int* targets, int vocab_start, float dloss, int N,
+                           int V_real, int Vp_local);
 
 // out [N, OC] += bias [OC] per row  (the row-parallel linears add their bias
 // once, after the reduce-scatter)

@@ -21,8 +21,8 @@
 
 namespace tpsp {
 using gpu::batched_gemm;
-using gpu::check_cuda;
 using gpu::check_cublas;
+using gpu::check_cuda;
 using gpu::check_launch;
 using gpu::GpuContext;
 
@@ -68,9 +68,7 @@ struct Epilogue {
 };
 
 static Epilogue plain() { return {}; }
-static Epilogue with_bias(const bf16* bias) {
-    return bias ? Epilogue{CUBLASLT_EPILOGUE_BIAS, bias, nullptr} : plain();
-}
+static Epilogue with_bias(const bf16* bias) { return bias ? Epilogue{CUBLASLT_EPILOGUE_BIAS, bias, nullptr} : plain(); }
 
 // Everything the choice of algorithm depends on.
 struct GemmKey {
@@ -86,9 +84,9 @@ struct GemmKey {
 
 static void set_epilogue(cublasLtMatmulDesc_t desc, const Epilogue& epilogue, int m) {
     if (epilogue.kind == CUBLASLT_EPILOGUE_DEFAULT) return;
-    check_cublas(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue.kind,
-                                                sizeof(epilogue.kind)),
-                 "epilogue");
+    check_cublas(
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue.kind, sizeof(epilogue.kind)),
+        "epilogue");
     if (epilogue.bias)
         check_cublas(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &epilogue.bias,
                                                     sizeof(epilogue.bias)),
@@ -131,8 +129,8 @@ static std::optional<cublasLtMatmulAlgo_t> choose_algorithm(const GemmKey& key, 
         check_cublas(cublasLtMatmulPreferenceSetAttribute(preference, attribute, value, sizeof(uint32_t)), "alignment");
     cublasLtMatmulHeuristicResult_t heuristic;
     int returned = 0;
-    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(ctx.blas, desc, a_layout, b_layout, d_layout,
-                                                                 d_layout, preference, 1, &heuristic, &returned);
+    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(ctx.blas, desc, a_layout, b_layout, d_layout, d_layout,
+                                                                 preference, 1, &heuristic, &returned);
     cublasLtMatmulPreferenceDestroy(preference);
     std::optional<cublasLtMatmulAlgo_t> algo;
     if (status == CUBLAS_STATUS_SUCCESS && returned > 0) algo = heuristic.algo;
@@ -166,8 +164,8 @@ static bool try_lt_matmul(bool transa, bool transb, int m, int n, int k, float a
          epilogue.aux ? pointer_alignment(epilogue.aux) : 256},
         desc, a_layout, b_layout, d_layout);
     if (algo)
-        check_cublas(cublasLtMatmul(ctx.blas, desc, &alpha, A, a_layout, B, b_layout, &beta, D, d_layout, D,
-                                    d_layout, &*algo, ctx.blas_workspace, ctx.blas_workspace_bytes, ctx.stream),
+        check_cublas(cublasLtMatmul(ctx.blas, desc, &alpha, A, a_layout, B, b_layout, &beta, D, d_layout, D, d_layout,
+                                    &*algo, ctx.blas_workspace, ctx.blas_workspace_bytes, ctx.stream),
                      "cublasLtMatmul");
 
     cublasLtMatrixLayoutDestroy(d_layout);
@@ -180,8 +178,8 @@ static bool try_lt_matmul(bool transa, bool transb, int m, int n, int k, float a
 static void lt_matmul(bool transa, bool transb, int m, int n, int k, float alpha, const void* A, int64_t lda,
                       int64_t strideA, const void* B, int64_t ldb, int64_t strideB, float beta, void* D,
                       cudaDataType d_type, int64_t ldd, int64_t strideD, int batch, const Epilogue& epilogue) {
-    if (!try_lt_matmul(transa, transb, m, n, k, alpha, A, lda, strideA, B, ldb, strideB, beta, D, d_type, ldd,
-                       strideD, batch, epilogue))
+    if (!try_lt_matmul(transa, transb, m, n, k, alpha, A, lda, strideA, B, ldb, strideB, beta, D, d_type, ldd, strideD,
+                       batch, epilogue))
         throw std::runtime_error("cuBLASLt has no algorithm for a " + std::to_string(m) + "×" + std::to_string(n) +
                                  "×" + std::to_string(k) + " GEMM");
 }
@@ -202,8 +200,7 @@ void gpu::batched_gemm(bool transa, bool transb, int m, int n, int k, float alph
 
 void matmul_forward(bf16* out, const bf16* inp, const bf16* weight, const bf16* bias, int N, int C, int OC) {
     // out^T [OC, N] = (weight as [C, OC])^T · (inp as [C, N]) + bias
-    lt_matmul(true, false, OC, N, C, 1.0f, weight, C, 0, inp, C, 0, 0.0f, out, CUDA_R_16BF, OC, 0, 1,
-              with_bias(bias));
+    lt_matmul(true, false, OC, N, C, 1.0f, weight, C, 0, inp, C, 0, 0.0f, out, CUDA_R_16BF, OC, 0, 1, with_bias(bias));
 }
 
 // cuBLASLt's GELU matrix needs a leading dimension divisible by 8, and
@@ -212,8 +209,8 @@ static bool gelu_epilogue_fits(int OC, const void* aux) {
     return OC % 8 == 0 && reinterpret_cast<uintptr_t>(aux) % 16 == 0;
 }
 
-void matmul_forward_gelu(bf16* out, bf16* pre_gelu, const bf16* inp, const bf16* weight, const bf16* bias, int N,
-                         int C, int OC) {
+void matmul_forward_gelu(bf16* out, bf16* pre_gelu, const bf16* inp, const bf16* weight, const bf16* bias, int N, int C,
+                         int OC) {
     // out^T [OC, N] = gelu(pre_gelu^T), pre_gelu^T = (weight as [C, OC])^T · (inp as [C, N]) + bias
     const bool fits = bias && gelu_epilogue_fits(OC, pre_gelu);
     if (fits && try_lt_matmul(true, false, OC, N, C, 1.0f, weight, C, 0, inp, C, 0, 0.0f, out, CUDA_R_16BF, OC, 0, 1,
@@ -224,8 +221,8 @@ void matmul_forward_gelu(bf16* out, bf16* pre_gelu, const bf16* inp, const bf16*
     gelu_forward(out, pre_gelu, int64_t(N) * OC);
 }
 
-void matmul_backward(bf16* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp,
-                     const bf16* weight, int N, int C, int OC) {
+void matmul_backward(bf16* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp, const bf16* weight,
+                     int N, int C, int OC) {
     matmul_backward_input(dinp, dout, weight, N, C, OC);
     matmul_backward_weight(dweight, dbias, dout, inp, N, C, OC, 0, OC);
 }
@@ -234,20 +231,20 @@ void matmul_backward_input(bf16* dinp, const bf16* dout, const bf16* weight, int
     matmul_backward_input_columns(dinp, dout, weight, N, C, OC, 0, C);
 }
 
-void matmul_backward_input_columns(bf16* dinp, const bf16* dout, const bf16* weight, int N, int C, int OC,
-                                   int c_begin, int c_end) {
+void matmul_backward_input_columns(bf16* dinp, const bf16* dout, const bf16* weight, int N, int C, int OC, int c_begin,
+                                   int c_end) {
     // dinp^T [width, N] = (weight columns as [width, OC], ld C) · (dout as [OC, N])
     const int width = c_end - c_begin;
-    lt_matmul(false, false, width, N, OC, 1.0f, weight + c_begin, C, 0, dout, OC, 0, 0.0f, dinp, CUDA_R_16BF, width,
-              0, 1, plain());
+    lt_matmul(false, false, width, N, OC, 1.0f, weight + c_begin, C, 0, dout, OC, 0, 0.0f, dinp, CUDA_R_16BF, width, 0,
+              1, plain());
 }
 
-void matmul_backward_input_gelu(bf16* dinp, const bf16* dout, const bf16* weight, const bf16* pre_gelu, int N,
-                                int C, int OC) {
+void matmul_backward_input_gelu(bf16* dinp, const bf16* dout, const bf16* weight, const bf16* pre_gelu, int N, int C,
+                                int OC) {
     // dinp^T [C, N] = gelu'(pre_gelu^T) ⊙ ((weight as [C, OC]) · (dout as [OC, N]))
     const bool fits = gelu_epilogue_fits(C, pre_gelu);
-    if (fits && try_lt_matmul(false, false, C, N, OC, 1.0f, weight, C, 0, dout, OC, 0, 0.0f, dinp, CUDA_R_16BF, C, 0,
-                              1, {CUBLASLT_EPILOGUE_DGELU, nullptr, pre_gelu}))
+    if (fits && try_lt_matmul(false, false, C, N, OC, 1.0f, weight, C, 0, dout, OC, 0, 0.0f, dinp, CUDA_R_16BF, C, 0, 1,
+                              {CUBLASLT_EPILOGUE_DGELU, nullptr, pre_gelu}))
         return;
     if (fits) note_unfused_gelu("DGELU");
     matmul_backward_input(dinp, dout, weight, N, C, OC);

@@ -99,8 +99,8 @@ __global__ void token_embedding_backward_kernel(float* dwte, const bf16* dout, c
     if (token >= 0 && token < V_local) atomicAdd(&dwte[int64_t(token) * C + c], to_float(dout[i]));
 }
 
-void token_embedding_backward(float* dwte, const bf16* dout, const int* inp, int vocab_start, int V_local, int B,
-                              int T, int C) {
+void token_embedding_backward(float* dwte, const bf16* dout, const int* inp, int vocab_start, int V_local, int B, int T,
+                              int C) {
     const GpuContext& ctx = gpu::context();
     token_embedding_backward_kernel<<<blocks_for(int64_t(T) * B * C), block_threads, 0, ctx.stream>>>(
         dwte, dout, inp, vocab_start, V_local, B, T, C);
@@ -173,8 +173,8 @@ __global__ void layernorm_forward_kernel(bf16* out, const bf16* inp, const float
 
 void layernorm_forward(bf16* out, const bf16* inp, const float* weight, const float* bias, int N, int C) {
     const GpuContext& ctx = gpu::context();
-    layernorm_forward_kernel<<<blocks_for(N, warps_per_block), block_threads, 0, ctx.stream>>>(out, inp, weight,
-                                                                                               bias, N, C);
+    layernorm_forward_kernel<<<blocks_for(N, warps_per_block), block_threads, 0, ctx.stream>>>(out, inp, weight, bias,
+                                                                                               N, C);
     check_launch("layernorm_forward");
 }
 
@@ -230,8 +230,7 @@ void layernorm_backward(bf16* dinp, float* dweight, float* dbias, const bf16* do
         dinp, scratch, dout, inp, weight, N, C);
     check_launch("layernorm_backward");
     const dim3 grid(blocks_for(C), blocks_for(N, layernorm_rows_per_chunk));
-    layernorm_backward_params_kernel<<<grid, block_threads, 0, ctx.stream>>>(dweight, dbias, scratch, dout, inp, N,
-                                                                             C);
+    layernorm_backward_params_kernel<<<grid, block_threads, 0, ctx.stream>>>(dweight, dbias, scratch, dout, inp, N, C);
     check_launch("layernorm_backward parameters");
 }
 
@@ -272,8 +271,8 @@ void gelu_backward(bf16* dinp, const bf16* inp, const bf16* dout, int64_t N) {
 // ----------------------------------------------------------------------------
 // dropout: element i of the box has the global index row_start(i / n2) + i % n2
 
-__global__ void dropout_forward_kernel(bf16* out, uint8_t* mask, const bf16* inp, DropoutBox box, float p,
-                                       float scale, DropoutKey key) {
+__global__ void dropout_forward_kernel(bf16* out, uint8_t* mask, const bf16* inp, DropoutBox box, float p, float scale,
+                                       DropoutKey key) {
     int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= box.n0 * box.n1 * box.n2) return;
     const uint64_t global = box.row_start(i / box.n2) + uint64_t(i % box.n2);
@@ -282,8 +281,7 @@ __global__ void dropout_forward_kernel(bf16* out, uint8_t* mask, const bf16* inp
     out[i] = keep ? to_bf16(to_float(inp[i]) * scale) : to_bf16(0.0f);
 }
 
-void dropout_forward(bf16* out, uint8_t* mask, const bf16* inp, const DropoutBox& box, float p,
-                     const DropoutKey& key) {
+void dropout_forward(bf16* out, uint8_t* mask, const bf16* inp, const DropoutBox& box, float p, const DropoutKey& key) {
     const GpuContext& ctx = gpu::context();
     const int64_t n = box.n0 * box.n1 * box.n2;
     if (p == 0.0f) {  // as on the CPU: an all-ones mask and a copy
@@ -338,8 +336,7 @@ void bias_forward(bf16* out, const float* bias, int N, int OC) {
 // residual in fp32 and rounded once; the mask bit from the same key and
 // global index as dropout_forward's.
 __global__ void bias_dropout_residual_kernel(bf16* out, uint8_t* mask, const bf16* y, const bf16* residual,
-                                             const float* bias, DropoutBox box, float p, float scale,
-                                             DropoutKey key) {
+                                             const float* bias, DropoutBox box, float p, float scale, DropoutKey key) {
     int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= box.n0 * box.n1 * box.n2) return;
     const int64_t c = i % box.n2;
@@ -377,9 +374,7 @@ void bias_backward_columns(float* dbias, const bf16* dout, int N, int width, int
     check_launch("bias_backward");
 }
 
-void bias_backward(float* dbias, const bf16* dout, int N, int OC) {
-    bias_backward_columns(dbias, dout, N, OC, OC);
-}
+void bias_backward(float* dbias, const bf16* dout, int N, int OC) { bias_backward_columns(dbias, dout, N, OC, OC); }
 
 // ----------------------------------------------------------------------------
 // attention, explicit: per (batch, head) GEMMs run as strided batches over
@@ -399,8 +394,7 @@ __global__ void to_head_major_kernel(bf16* dst, const bf16* src, int B, int T, i
 }
 
 // the inverse: columns [offset, offset + C) of dst [T, B, width] = src [B, NH, T, hs]
-__global__ void from_head_major_kernel(bf16* dst, const bf16* src, int B, int T, int C, int NH, int width,
-                                       int offset) {
+__global__ void from_head_major_kernel(bf16* dst, const bf16* src, int B, int T, int C, int NH, int width, int offset) {
     int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= int64_t(B) * T * C) return;
     const int hs = C / NH;
@@ -410,8 +404,8 @@ __global__ void from_head_major_kernel(bf16* dst, const bf16* src, int B, int T,
 
 static void to_head_major(bf16* dst, const bf16* src, int B, int T, int C, int NH, int width, int offset) {
     const GpuContext& ctx = gpu::context();
-    to_head_major_kernel<<<blocks_for(int64_t(B) * T * C), block_threads, 0, ctx.stream>>>(dst, src, B, T, C, NH,
-                                                                                           width, offset);
+    to_head_major_kernel<<<blocks_for(int64_t(B) * T * C), block_threads, 0, ctx.stream>>>(dst, src, B, T, C, NH, width,
+                                                                                           offset);
     check_launch("to_head_major");
 }
 
@@ -517,11 +511,11 @@ void attention_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf1
         dscores, softmax_out, dropout_mask, rows, T, 1.0f / (1.0f - p), 1.0f / sqrtf(float(hs)));
     check_launch("softmax_dropout_backward");
     // dQ [T, hs] = dD K, i.e. dQ^T = K^T dD^T
-    batched_gemm(false, false, hs, T, T, 1.0f, k, hs, head_stride, dscores, T, score_stride, 0.0f, dq, hs,
-                 head_stride, heads);
+    batched_gemm(false, false, hs, T, T, 1.0f, k, hs, head_stride, dscores, T, score_stride, 0.0f, dq, hs, head_stride,
+                 heads);
     // dK [T, hs] = dD^T Q, i.e. dK^T = Q^T dD
-    batched_gemm(false, true, hs, T, T, 1.0f, q, hs, head_stride, dscores, T, score_stride, 0.0f, dk, hs,
-                 head_stride, heads);
+    batched_gemm(false, true, hs, T, T, 1.0f, q, hs, head_stride, dscores, T, score_stride, 0.0f, dk, hs, head_stride,
+                 heads);
     from_head_major(dqkv, dq, B, T, C, NH, 3 * C, 0);
     from_head_major(dqkv, dk, B, T, C, NH, 3 * C, C);
     from_head_major(dqkv, dv, B, T, C, NH, 3 * C, 2 * C);
@@ -545,8 +539,7 @@ void crossentropy_max_forward(float* maxes, const bf16* logits, int N, int V_rea
 }
 
 __global__ void crossentropy_sum_forward_kernel(float* stats, const bf16* logits, const float* maxes,
-                                                const int* targets, int vocab_start, int N, int V_real,
-                                                int Vp_local) {
+                                                const int* targets, int vocab_start, int N, int V_real, int Vp_local) {
     const int n = blockIdx.x;
     const bf16* row = logits + int64_t(n) * Vp_local;
     const float maxval = maxes[n];
@@ -560,11 +553,11 @@ __global__ void crossentropy_sum_forward_kernel(float* stats, const bf16* logits
     }
 }
 
-void crossentropy_sum_forward(float* stats, const bf16* logits, const float* maxes, const int* targets,
-                              int vocab_start, int N, int V_real, int Vp_local) {
+void crossentropy_sum_forward(float* stats, const bf16* logits, const float* maxes, const int* targets, int vocab_start,
+                              int N, int V_real, int Vp_local) {
     const GpuContext& ctx = gpu::context();
-    crossentropy_sum_forward_kernel<<<N, block_threads, 0, ctx.stream>>>(stats, logits, maxes, targets, vocab_start,
-                                                                         N, V_real, Vp_local);
+    crossentropy_sum_forward_kernel<<<N, block_threads, 0, ctx.stream>>>(stats, logits, maxes, targets, vocab_start, N,
+                                                                         V_real, Vp_local);
     check_launch("crossentropy_sum_forward");
 }
 
@@ -598,8 +591,8 @@ __global__ void crossentropy_backward_kernel(bf16* logits, const float* lse, con
 void crossentropy_backward(bf16* logits, const float* lse, const int* targets, int vocab_start, float dloss, int N,
                            int V_real, int Vp_local) {
     const GpuContext& ctx = gpu::context();
-    crossentropy_backward_kernel<<<N, block_threads, 0, ctx.stream>>>(logits, lse, targets, vocab_start, dloss,
-                                                                      V_real, Vp_local);
+    crossentropy_backward_kernel<<<N, block_threads, 0, ctx.stream>>>(logits, lse, targets, vocab_start, dloss, V_real,
+                                                                      Vp_local);
     check_launch("crossentropy_backward");
 }
 

@@ -63,8 +63,8 @@ void cast_to_bf16(bf16* out, const float* inp, int64_t n);
 void token_embedding_forward(bf16* out, const int* inp, const float* wte, int vocab_start, int V_local, int B, int T,
                              int C);
 // dwte [V_local, C] accumulates (atomically: rows of repeated tokens add up);  dout [T, B, C]
-void token_embedding_backward(float* dwte, const bf16* dout, const int* inp, int vocab_start, int V_local, int B,
-                              int T, int C);
+void token_embedding_backward(float* dwte, const bf16* dout, const int* inp, int vocab_start, int V_local, int B, int T,
+                              int C);
 // out [T_local, B, C] += wpe[pos_start + t]
 void position_embedding_forward(bf16* out, const float* wpe, int pos_start, int T_local, int B, int C);
 // dwpe [maxT, C] accumulates rows pos_start ..;  dout [T_local, B, C]
@@ -81,20 +81,20 @@ void layernorm_backward(bf16* dinp, float* dweight, float* dbias, const bf16* do
 void matmul_forward(bf16* out, const bf16* inp, const bf16* weight, const bf16* bias, int N, int C, int OC);
 // fc1 and its GELU in one GEMM (cuBLASLt's GELU_AUX_BIAS epilogue):
 // pre_gelu [N, OC] = inp @ weight^T + bias, out [N, OC] = gelu(pre_gelu)
-void matmul_forward_gelu(bf16* out, bf16* pre_gelu, const bf16* inp, const bf16* weight, const bf16* bias, int N,
-                         int C, int OC);
+void matmul_forward_gelu(bf16* out, bf16* pre_gelu, const bf16* inp, const bf16* weight, const bf16* bias, int N, int C,
+                         int OC);
 // dinp [N, C] OVERWRITTEN; dweight [OC, C] and dbias [OC] (fp32) accumulate.
-void matmul_backward(bf16* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp,
-                     const bf16* weight, int N, int C, int OC);
+void matmul_backward(bf16* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp, const bf16* weight,
+                     int N, int C, int OC);
 // dgrad: dinp [N, C] = dout [N, OC] @ weight [OC, C]   (OVERWRITTEN)
 void matmul_backward_input(bf16* dinp, const bf16* dout, const bf16* weight, int N, int C, int OC);
 // fc2's dgrad through the GELU before it (DGELU epilogue):
 // dinp [N, C] = (dout @ weight) ⊙ gelu'(pre_gelu [N, C])   (OVERWRITTEN)
-void matmul_backward_input_gelu(bf16* dinp, const bf16* dout, const bf16* weight, const bf16* pre_gelu, int N,
-                                int C, int OC);
+void matmul_backward_input_gelu(bf16* dinp, const bf16* dout, const bf16* weight, const bf16* pre_gelu, int N, int C,
+                                int OC);
 // dgrad of the input columns [c_begin, c_end): dinp [N, c_end − c_begin]   (OVERWRITTEN)
-void matmul_backward_input_columns(bf16* dinp, const bf16* dout, const bf16* weight, int N, int C, int OC,
-                                   int c_begin, int c_end);
+void matmul_backward_input_columns(bf16* dinp, const bf16* dout, const bf16* weight, int N, int C, int OC, int c_begin,
+                                   int c_end);
 // wgrad of the output rows [o_begin, o_end): dweight [OC, C] (fp32) += dout^T @ inp,
 // dbias [OC] += Σ_rows dout (dbias may be null)
 void matmul_backward_weight(float* dweight, float* dbias, const bf16* dout, const bf16* inp, int N, int C, int OC,
@@ -106,8 +106,7 @@ void gelu_forward(bf16* out, const bf16* inp, int64_t N);
 void gelu_backward(bf16* dinp, const bf16* inp, const bf16* dout, int64_t N);
 
 // out = inp · mask / (1 − p), the mask drawn for `box` under `key`; out may alias inp.
-void dropout_forward(bf16* out, uint8_t* mask, const bf16* inp, const DropoutBox& box, float p,
-                     const DropoutKey& key);
+void dropout_forward(bf16* out, uint8_t* mask, const bf16* inp, const DropoutBox& box, float p, const DropoutKey& key);
 // dinp [n] OVERWRITTEN (may alias dout)
 void dropout_backward(bf16* dinp, const uint8_t* mask, const bf16* dout, int64_t n, float p);
 
@@ -139,8 +138,8 @@ void attention_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf1
 // Vocabulary-parallel softmax + cross-entropy, the same three steps as on the
 // CPU (cpu_kernels.h); logits [N, Vp_local] bf16, statistics fp32.
 void crossentropy_max_forward(float* maxes, const bf16* logits, int N, int V_real, int Vp_local);
-void crossentropy_sum_forward(float* stats, const bf16* logits, const float* maxes, const int* targets,
-                              int vocab_start, int N, int V_real, int Vp_local);
+void crossentropy_sum_forward(float* stats, const bf16* logits, const float* maxes, const int* targets, int vocab_start,
+                              int N, int V_real, int Vp_local);
 // After the all-reduces: lse [N] = max + log Σ, losses [N] = lse − target logit.
 void crossentropy_loss_forward(float* losses, float* lse, const float* maxes, const float* stats, int N);
 // Overwrites logits with dloss · (softmax − onehot(target)), 0 in the padded columns.

@@ -188,8 +188,8 @@ public:
               "engine heuristics results");
         std::vector<cudnnBackendDescriptor_t> configs(static_cast<size_t>(count));
         for (cudnnBackendDescriptor_t& c : configs) c = make(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
-        check(cudnnBackendGetAttribute(heuristics, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
-                                       count, &count, configs.data()),
+        check(cudnnBackendGetAttribute(heuristics, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, count,
+                                       &count, configs.data()),
               "engine configs");
         cudnnStatus_t last = CUDNN_STATUS_NOT_SUPPORTED;
         for (int64_t i = 0; i < count; i++) {
@@ -212,9 +212,7 @@ public:
         return nullptr;
     }
 
-    static Shape contiguous(const Shape& dims) {
-        return {dims[1] * dims[2] * dims[3], dims[2] * dims[3], dims[3], 1};
-    }
+    static Shape contiguous(const Shape& dims) { return {dims[1] * dims[2] * dims[3], dims[2] * dims[3], dims[3], 1}; }
 
 private:
     // Tells the heuristics or a plan which GPU it is for (cuDNN 9.8 and later).
@@ -382,7 +380,8 @@ void build_backward(Plan& plan, const AttentionShape& s, float p) {
     if (p > 0) bind_dropout(g, plan, in, p, &mask, &dropout_scale);
 
     // softmax_sum [b, h, t, 1] = Σ_d dO ⊙ O, times 1 − p (the O of the forward carries 1/(1 − p))
-    Tensor product = g.virtual_tensor(s.heads()), row_sum = g.virtual_tensor(s.rows()), keep = g.scalar(CUDNN_DATA_FLOAT);
+    Tensor product = g.virtual_tensor(s.heads()), row_sum = g.virtual_tensor(s.rows()),
+           keep = g.scalar(CUDNN_DATA_FLOAT);
     Tensor softmax_sum = g.tensor(s.rows(), Graph::contiguous(s.rows()), CUDNN_DATA_FLOAT, Storage::device);
     g.pointwise(CUDNN_POINTWISE_MUL, {&dout, &out}, product);
     g.reduction(CUDNN_REDUCE_TENSOR_ADD, product, row_sum);
@@ -484,8 +483,7 @@ void run(const Plan& plan, std::initializer_list<std::pair<int64_t, void*>> boun
         if (uid && n < most) uids[n] = uid, pointers[n++] = pointer;
     cudnnBackendDescriptor_t pack;
     check(cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &pack), "variant pack");
-    check(cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, int64_t(n),
-                                   uids.data()),
+    check(cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, int64_t(n), uids.data()),
           "variant pack uids");
     check(cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, int64_t(n),
                                    pointers.data()),
@@ -503,8 +501,9 @@ void run(const Plan& plan, std::initializer_list<std::pair<int64_t, void*>> boun
 void check_aligned(std::initializer_list<const void*> tensors) {
     for (const void* t : tensors)
         if (reinterpret_cast<uintptr_t>(t) % 16 != 0)
-            throw std::runtime_error("cuDNN fused attention: a tensor is not 16-byte aligned (b·s and h/t "
-                                     "multiples of 8 keep them so); model.attention: explicit has no such need");
+            throw std::runtime_error(
+                "cuDNN fused attention: a tensor is not 16-byte aligned (b·s and h/t "
+                "multiples of 8 keep them so); model.attention: explicit has no such need");
 }
 
 // The seed and offset the RNG reads from device memory, at the start of scratch.
@@ -572,31 +571,50 @@ void fused_attention_forward(bf16* out, float* stats, const bf16* qkv, int B, in
     int64_t* rng = upload_seed(base, seed);
     bf16* q = const_cast<bf16*>(qkv);
     run(plan,
-        {{plan.q, q}, {plan.k, q + C}, {plan.v, q + 2 * C}, {plan.o, out}, {plan.stats, stats},
-         {plan.attention_scale_uid, &plan.attention_scale}, {plan.lowest_uid, &plan.lowest},
-         {plan.dropout_scale_uid, &plan.dropout_scale}, {plan.seed, rng}, {plan.offset, rng + 1}},
+        {{plan.q, q},
+         {plan.k, q + C},
+         {plan.v, q + 2 * C},
+         {plan.o, out},
+         {plan.stats, stats},
+         {plan.attention_scale_uid, &plan.attention_scale},
+         {plan.lowest_uid, &plan.lowest},
+         {plan.dropout_scale_uid, &plan.dropout_scale},
+         {plan.seed, rng},
+         {plan.offset, rng + 1}},
         base + 256);
 }
 
-void fused_attention_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* out, const float* stats,
-                              int B, int T, int C, int NH, float p, uint64_t seed) {
+void fused_attention_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* out, const float* stats, int B,
+                              int T, int C, int NH, float p, uint64_t seed) {
     const AttentionShape s{B, T, C, NH};
     check_aligned({qkv, qkv + C, out, stats, dout, dqkv});
     Plan& plan = plan_for(s, p, true);
     const size_t rows = size_t(B) * NH * T, accum = rows * (C / NH);
-    char* base = scratch().at_least(256 + aligned(rows * 4) + aligned(accum * 4) + aligned(size_t(plan.workspace_bytes)));
+    char* base = scratch().at_least(256 + aligned(rows * 4) + aligned(accum * 4) +
+                                    aligned(size_t(plan.workspace_bytes)));
     int64_t* rng = upload_seed(base, seed);
     float* softmax_sum = reinterpret_cast<float*>(base + 256);
     float* dq_accum = reinterpret_cast<float*>(base + 256 + aligned(rows * 4));
     gpu::check_cuda(cudaMemsetAsync(dq_accum, 0, accum * 4, gpu::context().stream), "zero dQ's accumulator");
     bf16* q = const_cast<bf16*>(qkv);
     run(plan,
-        {{plan.q, q}, {plan.k, q + C}, {plan.v, q + 2 * C}, {plan.o, const_cast<bf16*>(out)},
-         {plan.dout, const_cast<bf16*>(dout)}, {plan.stats, const_cast<float*>(stats)},
-         {plan.softmax_sum, softmax_sum}, {plan.dq_accum, dq_accum}, {plan.dq, dqkv}, {plan.dk, dqkv + C},
-         {plan.dv, dqkv + 2 * C}, {plan.attention_scale_uid, &plan.attention_scale},
-         {plan.lowest_uid, &plan.lowest}, {plan.keep_uid, &plan.keep},
-         {plan.dropout_scale_uid, &plan.dropout_scale}, {plan.seed, rng}, {plan.offset, rng + 1}},
+        {{plan.q, q},
+         {plan.k, q + C},
+         {plan.v, q + 2 * C},
+         {plan.o, const_cast<bf16*>(out)},
+         {plan.dout, const_cast<bf16*>(dout)},
+         {plan.stats, const_cast<float*>(stats)},
+         {plan.softmax_sum, softmax_sum},
+         {plan.dq_accum, dq_accum},
+         {plan.dq, dqkv},
+         {plan.dk, dqkv + C},
+         {plan.dv, dqkv + 2 * C},
+         {plan.attention_scale_uid, &plan.attention_scale},
+         {plan.lowest_uid, &plan.lowest},
+         {plan.keep_uid, &plan.keep},
+         {plan.dropout_scale_uid, &plan.dropout_scale},
+         {plan.seed, rng},
+         {plan.offset, rng + 1}},
         base + 256 + aligned(rows * 4) + aligned(accum * 4));
 }
 

@@ -22,8 +22,8 @@ namespace tpsp {
 void fused_attention_forward(bf16* out, float* stats, const bf16* qkv, int B, int T, int C, int NH, float p,
                              uint64_t seed);
 // dqkv [T, B, 3C] OVERWRITTEN from dout [T, B, C]; out and stats are the forward's.
-void fused_attention_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* out, const float* stats,
-                              int B, int T, int C, int NH, float p, uint64_t seed);
+void fused_attention_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* out, const float* stats, int B,
+                              int T, int C, int NH, float p, uint64_t seed);
 
 // Builds both operation graphs for this shape and asks cuDNN for an
 // execution plan of each for an H100 / H200 described to it by its device

@@ -43,8 +43,6 @@ TPSP_HOST_DEVICE inline PhiloxCounter philox4x32_10(PhiloxCounter ctr, PhiloxKey
 }
 
 // 24 random bits -> a float uniform in [0, 1), exact in float.
-TPSP_HOST_DEVICE inline float uniform_from_bits(uint32_t bits) {
-    return float(bits >> 8) * (1.0f / 16777216.0f);
-}
+TPSP_HOST_DEVICE inline float uniform_from_bits(uint32_t bits) { return float(bits >> 8) * (1.0f / 16777216.0f); }
 
 }  // namespace tpsp

@@ -91,8 +91,7 @@ inline int MPI_Ireduce_scatter_block(const void* send, void* receive, int count,
     single_process_mpi::copy(send, receive, count, type);
     return MPI_SUCCESS;
 }
-inline int MPI_Gather(const void* send, int count, MPI_Datatype type, void* receive, int, MPI_Datatype, int,
-                      MPI_Comm) {
+inline int MPI_Gather(const void* send, int count, MPI_Datatype type, void* receive, int, MPI_Datatype, int, MPI_Comm) {
     single_process_mpi::copy(send, receive, count, type);
     return MPI_SUCCESS;
 }
