@@ -482,6 +482,33 @@ TEST(TensorParallelTraining, ALayoutThatDoesNotFitIsOneLineFromRankZero) {
     EXPECT_NE(r.err.find("parallel.tp: 2 does not divide model.heads = 3"), std::string::npos) << r.err;
 }
 
+// The command line: a malformed number or a value out of bounds is one line
+// that names the option, exit 2, and nothing runs.
+TEST(BadInput, AMalformedNumberOnTheCommandLineIsOneLineNamingTheOption) {
+    fs::path dir = scratch_dir();
+    const std::string text = (dir / "in.txt").string();
+    std::ofstream(text) << "text";
+    const std::vector<std::pair<std::string, std::string>> cases = {
+        {" bench " + tiny + " --steps abc", "--steps"},
+        {" bench " + tiny + " --steps 0", "--steps"},
+        {" prepare --tokenizer byte --shard-tokens 1e3 " + text + " " + (dir / "out").string(), "--shard-tokens"},
+        {" prepare --tokenizer byte --val-fraction 0.5junk " + text + " " + (dir / "out").string(), "--val-fraction"},
+        {" prepare --tokenizer bytes " + text + " " + (dir / "out").string(), "--tokenizer"},
+        {" sample " + text + " --tokens -3", "--tokens"},
+        {" sample " + text + " --temperature 1.5x", "--temperature"},
+        {" frobnicate", "frobnicate"},
+    };
+    for (const auto& [arguments, option] : cases) {
+        SCOPED_TRACE(arguments);
+        Outcome r = run(tpsp_binary + arguments, dir);
+        EXPECT_EQ(r.exit_code, 2);
+        EXPECT_EQ(count_lines(r.err), 1) << r.err;
+        EXPECT_NE(r.err.find(option), std::string::npos) << r.err;
+        EXPECT_TRUE(r.out.empty()) << r.out;
+    }
+    EXPECT_FALSE(fs::exists(dir / "out")) << "prepare wrote although its options were wrong";
+}
+
 // `tpsp bench --breakdown`: a row for every part of the model, and rows that
 // add up to the step (spans that overlapped or nested would count twice and
 // make the uncovered remainder negative).
