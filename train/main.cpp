@@ -148,62 +148,45 @@ int command_prepare(std::vector<std::string> paths, const PrepareOptions& option
     return 0;
 }
 
-// The command line, parsed; runs the command it names. Errors that reach
-// here are the same on every rank (the command line, the config): rank 0
-// says them, every rank exits non-zero.
-int run_command(int argc, char** argv, bool lead) {
-    CLI::App app{"tpsp: a GPT-2 trainer with tensor and sequence parallelism, every pass written by hand", "tpsp"};
-    app.require_subcommand(1);
+// The options of bench, prepare and sample, into the structs their commands take.
+void add_bench_options(CLI::App* bench, BenchOptions& options) {
+    bench->add_option("--steps", options.steps, "timed steps (after 2 of warm-up)")->check(at_least(1));
+    bench->add_flag("--breakdown", options.breakdown, "and one more step, timed part by part");
+}
 
-    ConfigArgs train_args, eval_args, memory_args, bench_args;
-    CLI::App* train = app.add_subcommand("train", "train as the config says");
-    add_config_arguments(train, train_args);
-    CLI::App* eval = app.add_subcommand("eval", "validation loss of checkpoint.init");
-    add_config_arguments(eval, eval_args);
-    CLI::App* memory = app.add_subcommand("memory", "the saved-activation table and its formula, per rank");
-    add_config_arguments(memory, memory_args);
-    CLI::App* bench = app.add_subcommand("bench", "time forward+backward: ms, tokens/s, MFU");
-    add_config_arguments(bench, bench_args);
-    BenchOptions bench_options;
-    bench->add_option("--steps", bench_options.steps, "timed steps (after 2 of warm-up)")->check(at_least(1));
-    bench->add_flag("--breakdown", bench_options.breakdown, "and one more step, timed part by part");
-
-    CLI::App* prepare = app.add_subcommand("prepare", "text files -> llm.c token shards");
-    std::vector<std::string> prepare_paths;
-    PrepareOptions prepare_options;
-    prepare_options.tokenizer_dir = "data/gpt2_tokenizer";
-    prepare->add_option("paths", prepare_paths, "INPUT... OUT_DIR")->required();
-    prepare->add_option("--tokenizer", prepare_options.tokenizer, "byte (vocabulary 256) or gpt2")
+void add_prepare_options(CLI::App* prepare, std::vector<std::string>& paths, PrepareOptions& options) {
+    options.tokenizer_dir = "data/gpt2_tokenizer";
+    prepare->add_option("paths", paths, "INPUT... OUT_DIR")->required();
+    prepare->add_option("--tokenizer", options.tokenizer, "byte (vocabulary 256) or gpt2")
         ->required()
         ->check(CLI::IsMember({"byte", "gpt2"}));
-    prepare->add_option("--tokenizer-dir", prepare_options.tokenizer_dir, "gpt2: encoder.json and vocab.bpe")
+    prepare->add_option("--tokenizer-dir", options.tokenizer_dir, "gpt2: encoder.json and vocab.bpe")
         ->capture_default_str();
-    prepare->add_option("--val-fraction", prepare_options.val_fraction, "share of the tokens for validation, in (0, 1)")
+    prepare->add_option("--val-fraction", options.val_fraction, "share of the tokens for validation, in (0, 1)")
         ->capture_default_str();
-    prepare->add_option("--shard-tokens", prepare_options.shard_tokens, "tokens per shard at most")
+    prepare->add_option("--shard-tokens", options.shard_tokens, "tokens per shard at most")
         ->check(at_least(1))
         ->capture_default_str();
+}
 
-    CLI::App* sample = app.add_subcommand("sample", "generate text from a checkpoint (KV cache)");
-    std::string checkpoint;
-    SampleOptions sample_options;
+void add_sample_options(CLI::App* sample, std::string& checkpoint, SampleOptions& options) {
     sample->add_option("checkpoint", checkpoint, "an llm.c model file (model_N.bin)")->required();
-    sample->add_option("--prompt", sample_options.prompt, "text to continue");
-    sample->add_option("--tokens", sample_options.tokens, "tokens to generate")
+    sample->add_option("--prompt", options.prompt, "text to continue");
+    sample->add_option("--tokens", options.tokens, "tokens to generate")->check(at_least(0))->capture_default_str();
+    sample->add_option("--temperature", options.temperature, "0 takes the most likely token")
         ->check(at_least(0))
         ->capture_default_str();
-    sample->add_option("--temperature", sample_options.temperature, "0 takes the most likely token")
+    sample->add_option("--top-k", options.top_k, "draw among the k most likely; 0 is all")
         ->check(at_least(0))
         ->capture_default_str();
-    sample->add_option("--top-k", sample_options.top_k, "draw among the k most likely; 0 is all")
-        ->check(at_least(0))
+    sample->add_option("--seed", options.seed, "of the draws")->check(at_least(0))->capture_default_str();
+    sample->add_option("--tokenizer-dir", options.tokenizer_dir, "GPT-2 vocabulary models: its files")
         ->capture_default_str();
-    sample->add_option("--seed", sample_options.seed, "of the draws")->check(at_least(0))->capture_default_str();
-    sample->add_option("--tokenizer-dir", sample_options.tokenizer_dir, "GPT-2 vocabulary models: its files")
-        ->capture_default_str();
+}
 
-    CLI::App* reference = app.add_subcommand("config-reference", "every config key, its type and default");
-
+// Parses the command line into the options bound to `app`; returns -1 to go
+// on, or the exit code: 0 after --help, 2 after one line saying what is wrong.
+int parse(CLI::App& app, int argc, char** argv, bool lead) {
     const auto named = [&](const CLI::App* command) { return command->get_name() == argv[1]; };
     if (argc > 1 && argv[1][0] != '-' && app.get_subcommands(named).empty()) {
         if (lead) std::fprintf(stderr, "tpsp: unknown command '%s' (tpsp --help lists the commands)\n", argv[1]);
@@ -211,28 +194,54 @@ int run_command(int argc, char** argv, bool lead) {
     }
     try {
         app.parse(argc, argv);
+        return -1;
     } catch (const CLI::CallForHelp&) {
         if (lead) std::fputs(app.help().c_str(), stdout);
         return 0;
-    } catch (const CLI::CallForAllHelp&) {
-        if (lead) std::fputs(app.help("", CLI::AppFormatMode::All).c_str(), stdout);
-        return 0;
     } catch (const CLI::ParseError& e) {
         if (lead) {
-            const CLI::App* command = app.get_subcommands().empty() ? nullptr : app.get_subcommands().front();
-            std::fprintf(stderr, "tpsp%s%s: %s (tpsp%s%s --help lists the options)\n", command ? " " : "",
-                         command ? command->get_name().c_str() : "", e.what(), command ? " " : "",
-                         command ? command->get_name().c_str() : "");
+            const std::string command = app.get_subcommands().empty() ? "" : " " + app.get_subcommands()[0]->get_name();
+            std::fprintf(stderr, "tpsp%s: %s (tpsp%s --help lists the options)\n", command.c_str(), e.what(),
+                         command.c_str());
         }
         return 2;
     }
-    if (train->parsed()) return command_train(train_args);
-    if (eval->parsed()) return evaluate(eval_args.load());
-    if (memory->parsed()) return command_memory(memory_args);
-    if (bench->parsed()) return command_bench(bench_args, bench_options);
-    if (prepare->parsed()) return command_prepare(prepare_paths, prepare_options);
-    if (sample->parsed()) return sample_command(checkpoint, sample_options);
-    if (reference->parsed()) std::fputs(config_reference().c_str(), stdout);
+}
+
+// The command line, parsed; runs the command it names. Errors that reach
+// here are the same on every rank (the command line, the config): rank 0
+// says them, every rank exits non-zero.
+int run_command(int argc, char** argv, bool lead) {
+    CLI::App app{"tpsp: a GPT-2 trainer with tensor and sequence parallelism, every pass written by hand", "tpsp"};
+    app.require_subcommand(1);
+    ConfigArgs train_args, eval_args, memory_args, bench_args;
+    add_config_arguments(app.add_subcommand("train", "train as the config says"), train_args);
+    add_config_arguments(app.add_subcommand("eval", "validation loss of checkpoint.init"), eval_args);
+    add_config_arguments(app.add_subcommand("memory", "the saved-activation table and its formula, per rank"),
+                         memory_args);
+    CLI::App* bench = app.add_subcommand("bench", "time forward+backward: ms, tokens/s, MFU");
+    add_config_arguments(bench, bench_args);
+    BenchOptions bench_options;
+    add_bench_options(bench, bench_options);
+    std::vector<std::string> prepare_paths;
+    PrepareOptions prepare_options;
+    add_prepare_options(app.add_subcommand("prepare", "text files -> llm.c token shards"), prepare_paths,
+                        prepare_options);
+    std::string checkpoint;
+    SampleOptions sample_options;
+    add_sample_options(app.add_subcommand("sample", "generate text from a checkpoint (KV cache)"), checkpoint,
+                       sample_options);
+    app.add_subcommand("config-reference", "every config key, its type and default");
+
+    if (const int code = parse(app, argc, argv, lead); code >= 0) return code;
+    const std::string command = app.get_subcommands()[0]->get_name();
+    if (command == "train") return command_train(train_args);
+    if (command == "eval") return evaluate(eval_args.load());
+    if (command == "memory") return command_memory(memory_args);
+    if (command == "bench") return command_bench(bench_args, bench_options);
+    if (command == "prepare") return command_prepare(prepare_paths, prepare_options);
+    if (command == "sample") return sample_command(checkpoint, sample_options);
+    std::fputs(config_reference().c_str(), stdout);  // config-reference
     return 0;
 }
 
