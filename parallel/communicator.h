@@ -101,7 +101,7 @@ public:
 private:
     Transfer begin(const char* name, double link_seconds, bool counts);
     void all_reduce(float* data, size_t count, MPI_Op op);
-    void finish(Transfer& t);
+    double finish(Transfer& t);  // returns when it finished
     double ring_seconds(size_t shard_count) const;
     MPI_Comm comm_ = MPI_COMM_NULL;
     int rank_ = 0, size_ = 1;
