@@ -8,6 +8,7 @@
 #include <cmath>
 #include <vector>
 
+#include "model/cpu_blas.h"
 #include "model/kernels/attention_scratch.h"
 
 namespace tpsp {
@@ -50,20 +51,9 @@ void CpuBackend::adamw_update(float* params, const float* grads, float* m, float
     }
 }
 
-// FLOP/s of a 1024×1024×1024 sgemm, best of ten after a warmup.
-double CpuBackend::peak_flops() {
-    const int n = 1024;
-    std::vector<float> a(size_t(n) * n, 0.5f), b(size_t(n) * n, 0.25f), c(size_t(n) * n);
-    double best = 1e30;
-    for (int rep = 0; rep < 11; rep++) {
-        auto start = std::chrono::steady_clock::now();
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(),
-                    n);
-        double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        if (rep > 0) best = std::min(best, seconds);
-    }
-    return 2.0 * n * n * n / best;
-}
+double CpuBackend::peak_flops() { return held_sgemm_peak(measure_sgemm_flops(), omp_get_max_threads()); }
+
+std::string CpuBackend::kernels() { return blas_kernels_description(); }
 
 float CpuBackend::mean_loss(const float* losses, int N) {
     double sum = 0.0;

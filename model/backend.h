@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "model/kernels/cpu_kernels.h"
@@ -61,6 +62,7 @@ concept ModelBackend = requires(void* dst, const void* src, size_t bytes, float*
     B::synchronize();
     { B::peak_flops() } -> std::convertible_to<double>;
     { B::peak_flops_name() } -> std::convertible_to<const char*>;
+    { B::kernels() } -> std::convertible_to<std::string>;
 };
 
 struct CpuBackend {
@@ -98,9 +100,11 @@ struct CpuBackend {
                              const AdamWStep& step);
     // waits for the work enqueued so far (nothing to wait for on the CPU)
     static void synchronize() {}
-    // the denominator of MFU: OpenBLAS sgemm measured now, all threads
+    // the denominator of MFU: the best sgemm rate held for this machine and thread count (cpu_blas.h)
     static double peak_flops();
     static const char* peak_flops_name() { return "sgemm peak"; }
+    // the GEMM kernels in use, for the banners
+    static std::string kernels();
 };
 
 static_assert(ModelBackend<CpuBackend>);

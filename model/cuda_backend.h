@@ -58,6 +58,7 @@ struct CudaBackend {
     // dense bf16 tensor-core FLOP/s of this GPU (the datasheet's figure where known)
     static double peak_flops();
     static const char* peak_flops_name() { return "bf16 peak"; }
+    static std::string kernels() { return "cuBLASLt and tpsp's CUDA kernels"; }
 };
 
 static_assert(ModelBackend<CudaBackend>);

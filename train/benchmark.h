@@ -86,6 +86,7 @@ void run_benchmark(const GPTConfig& config, const RunShape& shape, const BenchOp
         shape.seq_len, shape.dropout, attention, omp_get_max_threads(), model.num_parameters / 1e6,
         Backend::peak_flops_name(), peak / 1e9, median * 1e3, options.steps, times.front() * 1e3, N / median,
         flops / median / 1e9, 100.0 * flops / median / peak, model.activation_arena.bytes() / 1048576.0);
+    std::printf("%-10s kernels: %s\n", "", Backend::kernels().c_str());
     if (!options.breakdown) return;
     Tracer tracer;
     tracer.enable(size_t(100000));

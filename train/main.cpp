@@ -17,6 +17,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,7 @@
 #endif
 #include "data/gpt2_tokenizer.h"
 #include "data/prepare.h"
+#include "model/cpu_blas.h"
 #include "model/memory_report.h"
 #include "train/benchmark.h"
 #include "train/config.h"
@@ -148,6 +150,13 @@ int command_prepare(std::vector<std::string> paths, const PrepareOptions& option
     return 0;
 }
 
+int command_blas_peak(bool this_process_only) {
+    const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+    if (!this_process_only) return measure_every_kernel_set(self.c_str(), omp_get_max_threads());
+    std::printf("%.1f\n", measure_sgemm_flops() / 1e9);
+    return 0;
+}
+
 // The options of bench, prepare and sample, into the structs their commands take.
 void add_bench_options(CLI::App* bench, BenchOptions& options) {
     bench->add_option("--steps", options.steps, "timed steps (after 2 of warm-up)")->check(at_least(1));
@@ -232,6 +241,9 @@ int run_command(int argc, char** argv, bool lead) {
     add_sample_options(app.add_subcommand("sample", "generate text from a checkpoint (KV cache)"), checkpoint,
                        sample_options);
     app.add_subcommand("config-reference", "every config key, its type and default");
+    bool this_process_only = false;
+    app.add_subcommand("blas-peak", "sgemm GFLOP/s of every kernel set this CPU supports; holds the best")
+        ->add_flag("--this-process", this_process_only, "only the kernels this process runs (a bare number)");
 
     if (const int code = parse(app, argc, argv, lead); code >= 0) return code;
     const std::string command = app.get_subcommands()[0]->get_name();
@@ -241,6 +253,7 @@ int run_command(int argc, char** argv, bool lead) {
     if (command == "bench") return command_bench(bench_args, bench_options);
     if (command == "prepare") return command_prepare(prepare_paths, prepare_options);
     if (command == "sample") return sample_command(checkpoint, sample_options);
+    if (command == "blas-peak") return command_blas_peak(this_process_only);
     std::fputs(config_reference().c_str(), stdout);  // config-reference
     return 0;
 }
@@ -272,6 +285,7 @@ int report_errors(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+    run_with_the_widest_blas_kernels(argv);  // before MPI and the threads start: it may run tpsp again
     MPI_Init(&argc, &argv);
     const int code = report_errors(argc, argv);
     MPI_Finalize();
