@@ -1,15 +1,30 @@
 #!/usr/bin/env bash
-# The CPU benchmark: forward+backward ms, tokens/s and MFU of tpsp for the
-# tiny config and for GPT-2 124M at B=4, T=64, each against the sgemm FLOP/s
-# that OpenBLAS reaches in the same run; then, where Debian's python3-torch
-# is installed, PyTorch on the same 124M shape for contrast.
+# The CPU benchmark, in one run: the sgemm rate of every kernel set this CPU
+# supports (tpsp blas-peak, which also holds the best as MFU's denominator),
+# tpsp's forward+backward of the tiny config and of GPT-2 124M at B=4, T=64,
+# then Debian's PyTorch (python3-torch) on the same 124M shape as a user runs
+# it (default environment), and the ratios. TPSP_BLAS_KERNELS=keep in the
+# environment shows tpsp with OpenBLAS's own choice of kernels instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x build/tpsp ] || scripts/build.sh
-build/tpsp bench configs/tiny.yaml --steps 10
-build/tpsp bench configs/gpt2_124m.yaml train.batch_size=4 train.seq_len=64 --steps 5
+threads="${OMP_NUM_THREADS:-$(nproc)}"
+echo "== $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'), $threads threads, $(date -u +%F)"
+kernel_sets=$(OMP_NUM_THREADS=$threads build/tpsp blas-peak)
+echo "$kernel_sets"
+peak=$(echo "$kernel_sets" | grep -o 'held for this machine: [0-9.]*' | awk '{print $5}')
+OMP_NUM_THREADS=$threads build/tpsp bench configs/tiny.yaml --steps 10
+gpt2=$(OMP_NUM_THREADS=$threads build/tpsp bench configs/gpt2_124m.yaml train.batch_size=4 train.seq_len=64 --steps 5)
+echo "$gpt2"
+tpsp_ms=$(echo "$gpt2" | grep -o 'fwd+bwd [0-9.]* ms' | head -1 | awk '{print $2}')
+tpsp_gflops=$(echo "$gpt2" | grep -o '| [0-9.]* GFLOP/s | MFU' | awk '{print $2}')
 if /usr/bin/python3 -c "import torch" 2> /dev/null; then
-  /usr/bin/python3 scripts/bench_torch_cpu.py 12 768 12 50257 4 64
+  torch=$(/usr/bin/python3 scripts/bench_torch_cpu.py 12 768 12 50257 4 64 | tail -1)  # all cores, as installed
+  echo "$torch"
+  torch_ms=$(echo "$torch" | grep -o 'fwd+bwd [0-9.]* ms' | awk '{print $2}')
+  awk -v t="$tpsp_ms" -v p="$torch_ms" -v g="$tpsp_gflops" -v peak="$peak" 'BEGIN {
+    printf "GPT-2 124M B=4 T=64: tpsp %.1f ms, PyTorch %.1f ms: tpsp is %.2fx PyTorch; tpsp runs at %.1f%% of the best sgemm rate (%.1f GFLOP/s)\n",
+           t, p, p / t, 100 * g / peak, peak }'
 else
-  echo "(python3-torch not installed: no PyTorch comparison)"
+  echo "(python3-torch is not installed: apt-get install python3-torch for the PyTorch comparison)"
 fi

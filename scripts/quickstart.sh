@@ -6,4 +6,5 @@ cd "$(dirname "$0")/.."
 scripts/install_deps.sh
 scripts/build.sh
 scripts/prepare_corpus.sh
+build/tpsp blas-peak  # the machine's best sgemm rate, held as the denominator of MFU
 build/tpsp train configs/tiny.yaml "$@"
