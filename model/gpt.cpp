@@ -97,10 +97,15 @@ std::vector<TensorSpec> token_table(const RunShape& r, TokenBuffers* tokens) {
     return {tensor("inputs", {b, s}, &tokens->inputs), tensor("row_targets", {s, b}, &tokens->row_targets)};
 }
 
+bool keeps_attention_scores(const GPTConfig& config, const RunShape& shape) {
+    return config.attention == AttentionKernel::explicit_scores && shape.recompute == Recompute::none;
+}
+
 int64_t block_activation_formula_bytes(int64_t b, int64_t s, int64_t h, int64_t a, int64_t e, int64_t t,
-                                       bool sequence_parallel, AttentionKernel attention) {
-    const int64_t attention_scores = attention == AttentionKernel::cudnn_fused ? 4 * b * a * s / t
-                                                                               : b * a * s * s * (2 * e + 1) / t;
+                                       bool sequence_parallel, AttentionKernel attention, Recompute recompute) {
+    int64_t attention_scores = b * a * s * s * (2 * e + 1) / t;                           // S', its mask, S
+    if (attention == AttentionKernel::cudnn_fused) attention_scores = 4 * b * a * s / t;  // fp32 row statistics
+    else if (recompute == Recompute::selective) attention_scores = 0;                     // recomputed in backward
     if (sequence_parallel) return b * s * h * (16 * e + 2) / t + attention_scores;
     return b * s * h * (4 * e + 2) + b * s * h * 12 * e / t + attention_scores;
 }

@@ -118,6 +118,11 @@ struct Workspace {
     Act* attention_scratch;   // the attention kernels' scratch, as large as the backend says
     float* replicated_grads;  // the replicated parameters' gradients, packed for one all-reduce
     Act* rs_scratch;          // [3, s_local, b, h] an overlapped reduce-scatter's buffers in flight
+    // selective recomputation: one block's S', mask and S [b, a/t, s, s], which
+    // every block's forward writes and its backward writes again
+    Act* softmax_out;
+    uint8_t* attn_dropout_mask;
+    Act* attn_dropout_out;
 };
 
 // The token ids of one forward, where the kernels read them.
@@ -145,9 +150,13 @@ std::vector<TensorSpec> token_table(const RunShape& shape, TokenBuffers* tokens)
 //   TP+SP:    b·s·h·(16e + 2)/t  +  b·a·s²·(2e + 1)/t
 //   TP only:  b·s·h·(4e + 2)     +  b·s·h·12e/t  +  b·a·s²·(2e + 1)/t
 // With cuDNN's fused attention the b·a·s²·(2e + 1)/t term is 4·b·a·s/t (fp32 row statistics).
+// Under selective recomputation the b·a·s²·(2e + 1)/t term moves to the workspace (once).
 int64_t block_activation_formula_bytes(int64_t b, int64_t s, int64_t h, int64_t a, int64_t e, int64_t t,
                                        bool sequence_parallel,
-                                       AttentionKernel attention = AttentionKernel::explicit_scores);
+                                       AttentionKernel attention = AttentionKernel::explicit_scores,
+                                       Recompute recompute = Recompute::none);
+// Whether a block keeps S', its mask and S: the explicit attention without selective recomputation.
+bool keeps_attention_scores(const GPTConfig& config, const RunShape& shape);
 
 // The dropout draw of one forward: the same (seed, step) draws the same masks;
 // batch_offset is the global index of this micro-batch's first sequence
@@ -215,6 +224,7 @@ private:
     void norm_backward(float* dweight, float* dbias, const Act* dout, const Act* inp, const float* weight);
     void block_forward(int layer, Act* block_out, const DropoutStep& draw, float p);
     void self_attention_forward(int layer, const DropoutStep& draw, float p);
+    void explicit_attention_forward(int layer, Act* out, const DropoutStep& draw, float p);
     void self_attention_backward(int layer);
     void block_backward(int layer);
     void classifier_forward();

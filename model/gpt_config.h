@@ -21,12 +21,20 @@ struct GPTConfig {
     AttentionKernel attention = AttentionKernel::explicit_scores;
 };
 
-// The shape of one forward/backward: micro-batch b, sequence length s, and
-// the dropout probability at all four sites.
+// What backward computes again instead of keeping it (Korthikanti et al.
+// 2022, Megatron's --recompute-granularity). none: a block keeps
+// docs/design.md §2's whole table. selective: it drops the attention core's
+// s² tensors (S', its dropout mask and S), and backward recomputes them from
+// the saved qkv into workspace that exists once, not per block.
+enum class Recompute { none, selective };
+
+// The shape of one forward/backward: micro-batch b, sequence length s, the
+// dropout probability at all four sites, and what backward recomputes.
 struct RunShape {
     int batch = 4;
     int seq_len = 64;
     float dropout = 0.0f;
+    Recompute recompute = Recompute::none;
 };
 
 }  // namespace tpsp

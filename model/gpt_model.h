@@ -57,7 +57,7 @@ std::vector<TensorSpec> block_activation_table(const GPTConfig& c, const RunShap
     };
     if (c.attention == AttentionKernel::cudnn_fused) {
         table.push_back(tensor("softmax_stats", {b, heads, s}, &a->softmax_stats));
-    } else {
+    } else if (keeps_attention_scores(c, r)) {
         table.insert(table.end(), {tensor("softmax_out", {b, heads, s, s}, &a->softmax_out),
                                    tensor("attn_dropout_mask", {b, heads, s, s}, &a->attn_dropout_mask),
                                    tensor("attn_dropout_out", {b, heads, s, s}, &a->attn_dropout_out)});
@@ -107,7 +107,7 @@ std::vector<TensorSpec> workspace_table(const GPTConfig& c, const RunShape& r, c
     Dim s_local = tp.sequence_parallel ? split_dim(r.seq_len, "s", t) : s;
     bool packs_replicated = tp.sequence_parallel_active();
     bool overlapped_rs = packs_replicated && (tp.overlap.rs || tp.overlap.rs_dgrad);
-    return {
+    std::vector<TensorSpec> table = {
         tensor("stream_grad", {s_local, b, h}, &w->stream_grad),
         tensor("branch", {s_local, b, h}, &w->branch),
         tensor("local_grad", {s_local, b, h}, &w->local_grad),
@@ -122,6 +122,13 @@ std::vector<TensorSpec> workspace_table(const GPTConfig& c, const RunShape& r, c
                &w->replicated_grads),
         tensor("rs_scratch", {{overlapped_rs ? 3 : 0, "3"}, s_local, b, h}, &w->rs_scratch),
     };
+    if (c.attention == AttentionKernel::explicit_scores && !keeps_attention_scores(c, r)) {
+        Dim heads = split_dim(c.num_heads, "a", t);  // selective recomputation: one block's S', mask and S
+        table.push_back(tensor("softmax_out", {b, heads, s, s}, &w->softmax_out));
+        table.push_back(tensor("attn_dropout_mask", {b, heads, s, s}, &w->attn_dropout_mask));
+        table.push_back(tensor("attn_dropout_out", {b, heads, s, s}, &w->attn_dropout_out));
+    }
+    return table;
 }
 
 // ----------------------------------------------------------------------------
@@ -172,6 +179,12 @@ GPTModel<Backend>::GPTModel(const GPTConfig& c, const RunShape& r, const TensorP
     const Dim scratch = attention_scratch_for(
         config, Backend::attention_scratch(shape.batch, shape.seq_len, config.channels, config.num_heads, tp.size));
     workspace_arena = Arena(workspace_table(config, shape, tp, scratch, &workspace), memory);
+    if (config.attention == AttentionKernel::explicit_scores && !keeps_attention_scores(config, shape))
+        for (BlockActivations<Act>& block : blocks) {  // every block's S', mask and S: the workspace's one set
+            block.softmax_out = workspace.softmax_out;
+            block.attn_dropout_mask = workspace.attn_dropout_mask;
+            block.attn_dropout_out = workspace.attn_dropout_out;
+        }
     token_arena = Arena(token_table(shape, &tokens), memory);
     host_row_targets_.resize(size_t(shape.batch) * shape.seq_len);
     linears_ = std::make_unique<ParallelLinears<Comm, Act>>(group_, tp, shape.seq_len * shape.batch,
@@ -252,9 +265,17 @@ void GPTModel<Backend>::self_attention_forward(int l, const DropoutStep& draw, f
             return;
         }
     }
-    attention_forward(a.attn_out, a.softmax_out, a.attn_dropout_mask, a.attn_dropout_out, a.qkv,
-                      workspace.attention_scratch, B, T, Ct, heads, p,
-                      probs_box(B, heads, config.num_heads, T, tp.rank * heads, draw.batch_offset),
+    explicit_attention_forward(l, a.attn_out, draw, p);
+}
+
+// The explicit kernels: out = S·V, writing the block's S', mask and S (its
+// own, or under selective recomputation the workspace's one set).
+template <class Backend>
+void GPTModel<Backend>::explicit_attention_forward(int l, Act* out, const DropoutStep& draw, float p) {
+    const int B = shape.batch, T = shape.seq_len, Ct = config.channels / tp.size, heads = config.num_heads / tp.size;
+    BlockActivations<Act>& a = blocks[l];
+    attention_forward(out, a.softmax_out, a.attn_dropout_mask, a.attn_dropout_out, a.qkv, workspace.attention_scratch,
+                      B, T, Ct, heads, p, probs_box(B, heads, config.num_heads, T, tp.rank * heads, draw.batch_offset),
                       {draw.seed, draw.step, uint32_t(l), DropoutSite::attention_probs});
 }
 
@@ -265,14 +286,21 @@ void GPTModel<Backend>::self_attention_backward(int l) {
     const float p = last_dropout_;
     const BlockActivations<Act>& a = blocks[l];
     Workspace<Act>& w = workspace;
-    ComputeSpan span(group_->tracer, "attention backward");
     if constexpr (Backend::has_fused_attention) {
         if (config.attention == AttentionKernel::cudnn_fused) {
+            ComputeSpan span(group_->tracer, "attention backward");
             fused_attention_backward(w.wide_grad, w.attn_grad, a.qkv, a.attn_out, a.softmax_stats, B, T, Ct, heads, p,
                                      fused_attention_seed(last_draw_, l, tp.rank));
             return;
         }
     }
+    if (!keeps_attention_scores(config, shape)) {
+        // selective recomputation: S', the mask and S again, from the saved qkv and the
+        // same Philox keys, so the same bits; S·V goes to scratch (partial is free here)
+        ComputeSpan span(group_->tracer, "attention recompute");
+        explicit_attention_forward(l, w.partial, last_draw_, p);
+    }
+    ComputeSpan span(group_->tracer, "attention backward");
     attention_backward(w.wide_grad, w.attn_grad, a.qkv, a.softmax_out, a.attn_dropout_mask, a.attn_dropout_out,
                        w.attention_scratch, B, T, Ct, heads, p);
 }

@@ -201,6 +201,39 @@ TEST(Memory, ArenaEqualsTheFormulaExactly) {
     }
 }
 
+TEST(Memory, SelectiveRecomputationKeepsNoScoresAndHoldsOneSetInTheWorkspace) {
+    // per block: 34sbh/t (TP+SP), sbh(10 + 24/t) (TP only), 34sbh (t = 1) with e = 2; the
+    // workspace grows by one block's S', mask and S, b·a·s²·(2e + 1)/t, whatever L is
+    GPTConfig c;
+    c.num_layers = 3, c.num_heads = 8, c.channels = 64, c.max_seq_len = 48, c.vocab_size = 50, c.padded_vocab_size = 64;
+    const int64_t b = 3, s = 48, h = 64, a = 8;
+    RunShape none{int(b), int(s), 0.1f}, selective = none;
+    selective.recompute = Recompute::selective;
+    for (Device device : {Device::cpu, Device::cuda}) {
+        const int64_t e = device == Device::cuda ? 2 : 4;
+        for (int64_t t : {1, 2, 4}) {
+            for (bool sp : {true, false}) {
+                const TensorParallelism tp{int(t), 0, sp, {}};
+                MemoryReport kept = memory_report(c, none, tp, device),
+                             recomputed = memory_report(c, selective, tp, device);
+                const int64_t sbh = s * b * h;
+                const int64_t expected = e == 2 ? (t == 1 ? 34 * sbh
+                                                   : sp   ? 34 * sbh / t
+                                                          : sbh * 10 + 24 * sbh / t)
+                                                : (t == 1 || sp ? sbh * 66 / t : sbh * 18 + 48 * sbh / t);
+                EXPECT_EQ(recomputed.block_bytes, expected) << "e=" << e << " t=" << t << " sp=" << sp;
+                EXPECT_EQ(recomputed.block_bytes, recomputed.block_formula_bytes);
+                EXPECT_EQ(kept.block_bytes - recomputed.block_bytes, b * a * s * s * (2 * e + 1) / t);
+                EXPECT_EQ(recomputed.workspace_bytes - kept.workspace_bytes, b * a * s * s * (2 * e + 1) / t);
+            }
+        }
+    }
+    GPT model(c, selective);  // the arena itself: L blocks of the formula and the outside tensors
+    EXPECT_EQ(int64_t(model.activation_arena.bytes()),
+              c.num_layers * block_activation_formula_bytes(b, s, h, a, 4, 1, true, c.attention, Recompute::selective) +
+                  memory_report(c, selective, {}, Device::cpu).outside_bytes);
+}
+
 TEST(Memory, CudaTablesAreThePapersFormulaWithBf16) {
     // the CUDA model's tables (bf16, e = 2) are Korthikanti et al.'s
     // sbh(34/t + 5as/(ht)) under SP, sbh(10 + 24/t + 5as/(ht)) without, 34sbh + 5as²b at t = 1

@@ -233,6 +233,20 @@ TEST(Trainer, GradientAccumulationEqualsTheLargerBatch) {
         EXPECT_NEAR(std::stod(b[i]), std::stod(a[i]), 1e-5 * std::stod(a[i])) << "step " << i + 1;
 }
 
+TEST(Trainer, SelectiveRecomputationTrainsTheSameLossesBitForBit) {
+    // model.recompute: selective keeps less and recomputes S', its mask and S: the same numbers
+    fs::path kept = scratch_dir() / "kept", recomputed = kept.parent_path() / "recomputed";
+    fs::create_directories(kept);
+    fs::create_directories(recomputed);
+    const std::string common = "train.steps=5 train.warmup_steps=1 train.val_every=5 model.dropout=0.1 ";
+    ASSERT_EQ(run(tiny_train(kept, common), kept).exit_code, 0);
+    Outcome r = run(tiny_train(recomputed, common + "model.recompute=selective"), recomputed);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(field(recomputed / "metrics.jsonl", "loss"), field(kept / "metrics.jsonl", "loss"));
+    EXPECT_EQ(field(recomputed / "metrics.jsonl", "val_loss"), field(kept / "metrics.jsonl", "val_loss"));
+    EXPECT_EQ(field(recomputed / "metrics.jsonl", "loss").size(), 5u);
+}
+
 // mpirun is there, and tpsp was built with MPI (not on the single-process stand-in)
 static bool have_mpirun() { return TPSP_BUILT_WITH_MPI && std::system("command -v mpirun > /dev/null 2>&1") == 0; }
 

@@ -107,6 +107,9 @@ const std::vector<Key>& keys() {
         string_key("model.attention", [](Config& c) -> std::string& { return c.model.attention; },
                    {"explicit", "cudnn"},
                    "explicit: kernels that save S', its mask and S; cudnn: cuDNN's fused attention (GPU)"),
+        string_key("model.recompute", [](Config& c) -> std::string& { return c.model.recompute; },
+                   {"none", "selective"},
+                   "selective: keep no S', mask or S; backward recomputes them from qkv (same bits)"),
         string_key("data.train", [](Config& c) -> std::string& { return c.data.train; }, {},
                    "glob of training token shards (llm.c format)"),
         string_key("data.val", [](Config& c) -> std::string& { return c.data.val; }, {},
@@ -284,7 +287,10 @@ GPTConfig Config::gpt() const {
     return g;
 }
 
-RunShape Config::run_shape() const { return {train.batch_size, train.seq_len, model.dropout}; }
+RunShape Config::run_shape() const {
+    return {train.batch_size, train.seq_len, model.dropout,
+            model.recompute == "selective" ? Recompute::selective : Recompute::none};
+}
 
 OverlapSettings Config::overlap() const {
     OverlapSettings o;

@@ -21,6 +21,7 @@ struct Config {
         int max_seq_len = 0;        // 0: train.seq_len
         float dropout = 0.0f;
         std::string attention = "explicit";  // explicit | cudnn (cuDNN's fused attention, GPU only)
+        std::string recompute = "none";      // none | selective
     } model;
     struct Data {
         std::string train = "data/kjv/train_*.bin";
