@@ -64,6 +64,10 @@ bool on_every_rank(F&& work) {
     return false;
 }
 
+inline LrSchedule schedule_of(const Config::Train& t) {
+    return {t.lr, t.min_lr_ratio, t.warmup_steps, t.steps, t.lr_schedule == "cosine"};
+}
+
 // Which GPU this rank drives: its rank on the node (0 without a launcher
 // that says); the CPU backend ignores it.
 int local_rank();
@@ -72,11 +76,11 @@ int local_rank();
 
 template <class Backend>
 Trainer<Backend>::Trainer(const Config& config)
-    : cfg_(config), gpt_(config.gpt()),
-      shape_(config.run_shape()), schedule_{config.train.lr, config.train.min_lr_ratio, config.train.warmup_steps,
-                                            config.train.steps, config.train.lr_schedule == "cosine"},
-      sample_prompt_{gpt_.vocab_size == 256 ? int('\n') : gpt2_end_of_text},
-      inputs_(size_t(shape_.batch) * shape_.seq_len), targets_(inputs_.size()) {}
+    : cfg_(config), gpt_(config.gpt()), shape_(config.run_shape()),
+      schedule_(trainer_detail::schedule_of(config.train)), inputs_(size_t(shape_.batch) * shape_.seq_len),
+      targets_(inputs_.size()) {
+    sample_prompt_ = {gpt_.vocab_size == 256 ? int('\n') : gpt2_end_of_text};  // a line break, or <|endoftext|>
+}
 
 template <class Backend>
 bool Trainer<Backend>::set_up() {
