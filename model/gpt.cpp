@@ -101,6 +101,10 @@ bool keeps_attention_scores(const GPTConfig& config, const RunShape& shape) {
     return config.attention == AttentionKernel::explicit_scores && shape.recompute == Recompute::none;
 }
 
+bool recomputes_attention_scores(const GPTConfig& config, const RunShape& shape) {
+    return config.attention == AttentionKernel::explicit_scores && shape.recompute == Recompute::selective;
+}
+
 int64_t block_activation_formula_bytes(int64_t b, int64_t s, int64_t h, int64_t a, int64_t e, int64_t t,
                                        bool sequence_parallel, AttentionKernel attention, Recompute recompute) {
     int64_t attention_scores = b * a * s * s * (2 * e + 1) / t;                           // S', its mask, S

@@ -157,6 +157,8 @@ int64_t block_activation_formula_bytes(int64_t b, int64_t s, int64_t h, int64_t 
                                        Recompute recompute = Recompute::none);
 // Whether a block keeps S', its mask and S: the explicit attention without selective recomputation.
 bool keeps_attention_scores(const GPTConfig& config, const RunShape& shape);
+// Whether backward recomputes them: the explicit attention under selective recomputation.
+bool recomputes_attention_scores(const GPTConfig& config, const RunShape& shape);
 
 // The dropout draw of one forward: the same (seed, step) draws the same masks;
 // batch_offset is the global index of this micro-batch's first sequence

@@ -122,7 +122,7 @@ std::vector<TensorSpec> workspace_table(const GPTConfig& c, const RunShape& r, c
                &w->replicated_grads),
         tensor("rs_scratch", {{overlapped_rs ? 3 : 0, "3"}, s_local, b, h}, &w->rs_scratch),
     };
-    if (c.attention == AttentionKernel::explicit_scores && !keeps_attention_scores(c, r)) {
+    if (recomputes_attention_scores(c, r)) {
         Dim heads = split_dim(c.num_heads, "a", t);  // selective recomputation: one block's S', mask and S
         table.push_back(tensor("softmax_out", {b, heads, s, s}, &w->softmax_out));
         table.push_back(tensor("attn_dropout_mask", {b, heads, s, s}, &w->attn_dropout_mask));
@@ -179,7 +179,7 @@ GPTModel<Backend>::GPTModel(const GPTConfig& c, const RunShape& r, const TensorP
     const Dim scratch = attention_scratch_for(
         config, Backend::attention_scratch(shape.batch, shape.seq_len, config.channels, config.num_heads, tp.size));
     workspace_arena = Arena(workspace_table(config, shape, tp, scratch, &workspace), memory);
-    if (config.attention == AttentionKernel::explicit_scores && !keeps_attention_scores(config, shape))
+    if (recomputes_attention_scores(config, shape))
         for (BlockActivations<Act>& block : blocks) {  // every block's S', mask and S: the workspace's one set
             block.softmax_out = workspace.softmax_out;
             block.attn_dropout_mask = workspace.attn_dropout_mask;
@@ -294,7 +294,7 @@ void GPTModel<Backend>::self_attention_backward(int l) {
             return;
         }
     }
-    if (!keeps_attention_scores(config, shape)) {
+    if (recomputes_attention_scores(config, shape)) {
         // selective recomputation: S', the mask and S again, from the saved qkv and the
         // same Philox keys, so the same bits; S·V goes to scratch (partial is free here)
         ComputeSpan span(group_->tracer, "attention recompute");
