@@ -1,6 +1,7 @@
 // The model's non-template parts, and the CPU model's instantiation of gpt_model.h.
 #include "model/gpt.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
@@ -98,20 +99,96 @@ std::vector<TensorSpec> token_table(const RunShape& r, TokenBuffers* tokens) {
 }
 
 bool keeps_attention_scores(const GPTConfig& config, const RunShape& shape) {
-    return config.attention == AttentionKernel::explicit_scores && shape.recompute == Recompute::none;
+    return config.attention == AttentionKernel::explicit_scores && shape.recompute != Recompute::selective;
 }
 
 bool recomputes_attention_scores(const GPTConfig& config, const RunShape& shape) {
     return config.attention == AttentionKernel::explicit_scores && shape.recompute == Recompute::selective;
 }
 
+std::vector<BlockRun> recomputed_runs(const RunShape& shape, int num_layers) {
+    if (shape.recompute != Recompute::full) return {};
+    const int n = shape.recompute_layers;  // 1 ≤ n ≤ L, checked by the model and the config
+    std::vector<BlockRun> runs;
+    if (shape.recompute_method == RecomputeMethod::block) {
+        for (int l = 0; l < n; l++) runs.push_back({l, l + 1});
+    } else {
+        for (int l = 0; l < num_layers; l += n) runs.push_back({l, std::min(l + n, num_layers)});
+    }
+    return runs;
+}
+
+BlockKeeps block_keeps(const RunShape& shape, int num_layers, int layer) {
+    for (const BlockRun& run : recomputed_runs(shape, num_layers))
+        if (layer >= run.begin && layer < run.end)
+            return layer == run.begin ? BlockKeeps::input_only : BlockKeeps::nothing;
+    return BlockKeeps::whole_table;
+}
+
+int recompute_slots(const GPTConfig& config, const RunShape& shape) {
+    if (shape.recompute == Recompute::selective) return recomputes_attention_scores(config, shape) ? 1 : 0;
+    int longest = 0;
+    for (const BlockRun& run : recomputed_runs(shape, config.num_layers)) longest = std::max(longest, run.end - run.begin);
+    return longest;
+}
+
+// S', its mask and S of one block, per rank (S' alone at p = 0)
+static int64_t attention_scores_formula_bytes(int64_t b, int64_t s, int64_t a, int64_t e, int64_t t, bool dropout) {
+    return b * a * s * s * (dropout ? 2 * e + 1 : e) / t;
+}
+
 int64_t block_activation_formula_bytes(int64_t b, int64_t s, int64_t h, int64_t a, int64_t e, int64_t t,
-                                       bool sequence_parallel, AttentionKernel attention, Recompute recompute) {
-    int64_t attention_scores = b * a * s * s * (2 * e + 1) / t;                           // S', its mask, S
+                                       bool sequence_parallel, AttentionKernel attention, Recompute recompute,
+                                       bool dropout) {
+    int64_t attention_scores = attention_scores_formula_bytes(b, s, a, e, t, dropout);
     if (attention == AttentionKernel::cudnn_fused) attention_scores = 4 * b * a * s / t;  // fp32 row statistics
     else if (recompute == Recompute::selective) attention_scores = 0;                     // recomputed in backward
-    if (sequence_parallel) return b * s * h * (16 * e + 2) / t + attention_scores;
-    return b * s * h * (4 * e + 2) + b * s * h * 12 * e / t + attention_scores;
+    const int64_t masks = dropout ? 2 : 0;  // after the attention projection and fc2, one byte per element
+    if (sequence_parallel) return b * s * h * (16 * e + masks) / t + attention_scores;
+    return b * s * h * (4 * e + masks) + b * s * h * 12 * e / t + attention_scores;
+}
+
+// The formula's arguments for a run: under SP (or at t = 1) s/t rows per rank
+struct FormulaShape {
+    int64_t b, s, h, a, t;
+    bool sequence_parallel, dropout;
+};
+static FormulaShape formula_shape(const GPTConfig& c, const RunShape& r, const TensorParallelism& tp) {
+    return {r.batch, r.seq_len, c.channels, c.num_heads, tp.size, tp.sequence_parallel || tp.size == 1,
+            r.dropout > 0.0f};
+}
+
+static int64_t whole_table_formula_bytes(const GPTConfig& c, const RunShape& r, const TensorParallelism& tp,
+                                         int64_t e) {
+    const FormulaShape f = formula_shape(c, r, tp);
+    return block_activation_formula_bytes(f.b, f.s, f.h, f.a, e, f.t, f.sequence_parallel, c.attention, r.recompute,
+                                          f.dropout);
+}
+
+// A block's input [s/t, b, h] (s rows without SP)
+static int64_t block_input_formula_bytes(const GPTConfig& c, const RunShape& r, const TensorParallelism& tp,
+                                         int64_t e) {
+    const FormulaShape f = formula_shape(c, r, tp);
+    return f.b * f.s * f.h * e / (f.sequence_parallel ? f.t : 1);
+}
+
+int64_t saved_blocks_formula_bytes(const GPTConfig& c, const RunShape& r, const TensorParallelism& tp, int64_t e) {
+    int64_t bytes = 0;
+    for (int l = 0; l < c.num_layers; l++) {
+        const BlockKeeps keeps = block_keeps(r, c.num_layers, l);
+        if (keeps == BlockKeeps::whole_table) bytes += whole_table_formula_bytes(c, r, tp, e);
+        if (keeps == BlockKeeps::input_only) bytes += block_input_formula_bytes(c, r, tp, e);
+    }
+    return bytes;
+}
+
+int64_t recompute_workspace_formula_bytes(const GPTConfig& c, const RunShape& r, const TensorParallelism& tp,
+                                          int64_t e) {
+    const int slots = recompute_slots(c, r);
+    if (r.recompute == Recompute::full && slots > 0)
+        return slots * whole_table_formula_bytes(c, r, tp, e) - block_input_formula_bytes(c, r, tp, e);
+    const FormulaShape f = formula_shape(c, r, tp);
+    return slots * attention_scores_formula_bytes(f.b, f.s, f.a, e, f.t, f.dropout);
 }
 
 double model_flops_per_token(const GPTConfig& c, int seq_len) {

@@ -118,11 +118,10 @@ struct Workspace {
     Act* attention_scratch;   // the attention kernels' scratch, as large as the backend says
     float* replicated_grads;  // the replicated parameters' gradients, packed for one all-reduce
     Act* rs_scratch;          // [3, s_local, b, h] an overlapped reduce-scatter's buffers in flight
-    // selective recomputation: one block's S', mask and S [b, a/t, s, s], which
-    // every block's forward writes and its backward writes again
-    Act* softmax_out;
-    uint8_t* attn_dropout_mask;
-    Act* attn_dropout_out;
+    // what backward recomputes into (recompute_table in gpt_model.h): the
+    // recomputed blocks' forward writes there, and backward writes it again
+    // before it reads it
+    std::vector<BlockActivations<Act>> recompute;
 };
 
 // The token ids of one forward, where the kernels read them.
@@ -131,12 +130,28 @@ struct TokenBuffers {
     int* row_targets;  // [s, b] the targets in the activations' row order
 };
 
+// What one block keeps for backward: its whole table, only its input (the
+// first block of a run that full recomputation reruns), or nothing (the
+// other blocks of such a run).
+enum class BlockKeeps { whole_table, input_only, nothing };
+// Blocks [begin, end) that full recomputation runs forward again together.
+struct BlockRun {
+    int begin, end;
+};
+// Full recomputation's runs (RecomputeMethod in gpt_config.h); none for the other modes.
+std::vector<BlockRun> recomputed_runs(const RunShape& shape, int num_layers);
+BlockKeeps block_keeps(const RunShape& shape, int num_layers, int layer);
+// How many tables the workspace holds for recomputation: 1 under selective
+// (S', mask and S of the explicit attention; 0 with cuDNN's), the longest run under full.
+int recompute_slots(const GPTConfig& config, const RunShape& shape);
+
 template <class Act>
 std::vector<TensorSpec> gemm_weight_table(const GPTConfig& config, int tp, GemmWeights<Act>* w,
                                           std::vector<BlockGemmWeights<Act>>* blocks = nullptr);
 template <class Act>
 std::vector<TensorSpec> block_activation_table(const GPTConfig& config, const RunShape& shape,
-                                               const TensorParallelism& tp, BlockActivations<Act>* a);
+                                               const TensorParallelism& tp, BlockActivations<Act>* a,
+                                               BlockKeeps keeps = BlockKeeps::whole_table);
 template <class Act>
 std::vector<TensorSpec> outside_activation_table(const GPTConfig& config, const RunShape& shape,
                                                  const TensorParallelism& tp, OutsideActivations<Act>* a);
@@ -146,16 +161,28 @@ std::vector<TensorSpec> workspace_table(const GPTConfig& config, const RunShape&
                                         const Dim& attention_scratch, Workspace<Act>* w);
 std::vector<TensorSpec> token_table(const RunShape& shape, TokenBuffers* tokens);
 
-// docs/design.md §2, bytes per block per rank:
+// docs/design.md §2, bytes of one block's whole table per rank:
 //   TP+SP:    b·s·h·(16e + 2)/t  +  b·a·s²·(2e + 1)/t
 //   TP only:  b·s·h·(4e + 2)     +  b·s·h·12e/t  +  b·a·s²·(2e + 1)/t
-// With cuDNN's fused attention the b·a·s²·(2e + 1)/t term is 4·b·a·s/t (fp32 row statistics).
-// Under selective recomputation the b·a·s²·(2e + 1)/t term moves to the workspace (once).
+// Without dropout (p = 0) there are no masks: the 2 goes and (2e + 1) becomes e.
+// With cuDNN's fused attention the s² term is 4·b·a·s/t (fp32 row statistics).
+// Under selective recomputation the s² term moves to the workspace (once).
+// Under full recomputation this is the table a block outside the runs keeps,
+// and the one a recomputed block has in the workspace.
 int64_t block_activation_formula_bytes(int64_t b, int64_t s, int64_t h, int64_t a, int64_t e, int64_t t,
                                        bool sequence_parallel,
                                        AttentionKernel attention = AttentionKernel::explicit_scores,
-                                       Recompute recompute = Recompute::none);
-// Whether a block keeps S', its mask and S: the explicit attention without selective recomputation.
+                                       Recompute recompute = Recompute::none, bool dropout = true);
+// The formulas of a whole run, per rank, with e bytes per activation: what the
+// L blocks keep (under full recomputation, each run's input b·s·h·e/t and the
+// whole tables of the blocks outside the runs), and the workspace that
+// recomputation adds (selective: one block's s² term; full: the longest run's
+// tables, less the input its first block keeps).
+int64_t saved_blocks_formula_bytes(const GPTConfig& config, const RunShape& shape, const TensorParallelism& tp,
+                                   int64_t e);
+int64_t recompute_workspace_formula_bytes(const GPTConfig& config, const RunShape& shape,
+                                          const TensorParallelism& tp, int64_t e);
+// Whether a block's whole table has S' (and at p > 0 its mask and S): the explicit attention, not under selective recomputation.
 bool keeps_attention_scores(const GPTConfig& config, const RunShape& shape);
 // Whether backward recomputes them: the explicit attention under selective recomputation.
 bool recomputes_attention_scores(const GPTConfig& config, const RunShape& shape);
@@ -229,6 +256,8 @@ private:
     void explicit_attention_forward(int layer, Act* out, const DropoutStep& draw, float p);
     void self_attention_backward(int layer);
     void block_backward(int layer);
+    void recompute_runs_ending_at(int layer);
+    void place_recomputed_tensors();
     void classifier_forward();
     void classifier_backward(float dloss_scale);
     int local_seq() const { return tp.local_seq(shape.seq_len); }  // s/t under SP, s without
@@ -248,6 +277,7 @@ private:
     };
     std::vector<GemmWeightCopy> gemm_weight_copies_;  // empty where the GEMMs read the parameters
     std::vector<SquareSumRange> grad_norm_ranges_;    // every gradient tensor, sharded (0) or replicated (1)
+    std::vector<BlockRun> recomputed_runs_;           // full recomputation's runs of blocks
 };
 
 // The CPU model, which the trainer, the sampler and most tests use.

@@ -22,11 +22,24 @@ struct GPTConfig {
 };
 
 // What backward computes again instead of keeping it (Korthikanti et al.
-// 2022, Megatron's --recompute-granularity). none: a block keeps
-// docs/design.md §2's whole table. selective: it drops the attention core's
-// s² tensors (S', its dropout mask and S), and backward recomputes them from
-// the saved qkv into workspace that exists once, not per block.
-enum class Recompute { none, selective };
+// 2022; Megatron's --recompute-granularity, --recompute-method and
+// --recompute-num-layers).
+//   none:      a block keeps docs/design.md §2's whole table.
+//   selective: a block drops the attention core's s² tensors (S', its dropout
+//              mask and S); backward recomputes them from the saved qkv into
+//              workspace that exists once, not per block.
+//   full:      a recomputed block keeps only its input and backward runs its
+//              forward again, communication included (RecomputeMethod says
+//              which blocks).
+enum class Recompute { none, selective, full };
+
+// Which blocks full recomputation covers, with N = RunShape::recompute_layers:
+//   uniform: the L blocks in runs of N (the last may be shorter); a run keeps
+//            only its first block's input, and backward recomputes the whole
+//            run at once (N blocks' tables in the workspace).
+//   block:   the first N blocks each keep only their own input and are
+//            recomputed one at a time; the other L − N keep their tables.
+enum class RecomputeMethod { uniform, block };
 
 // The shape of one forward/backward: micro-batch b, sequence length s, the
 // dropout probability at all four sites, and what backward recomputes.
@@ -35,6 +48,8 @@ struct RunShape {
     int seq_len = 64;
     float dropout = 0.0f;
     Recompute recompute = Recompute::none;
+    RecomputeMethod recompute_method = RecomputeMethod::uniform;
+    int recompute_layers = 1;  // N above; full recomputation only
 };
 
 }  // namespace tpsp

@@ -42,36 +42,68 @@ std::vector<TensorSpec> gemm_weight_table(const GPTConfig& c, int t, GemmWeights
     };
 }
 
+// S', its dropout mask and S [b, a/t, s, s] of the explicit attention; at
+// p = 0 only S' (S is S', and there is no mask).
+template <class Act>
+std::vector<TensorSpec> attention_scores_table(const GPTConfig& c, const RunShape& r, const TensorParallelism& tp,
+                                               BlockActivations<Act>* a) {
+    Dim b{r.batch, "b"}, s{r.seq_len, "s"}, heads = split_dim(c.num_heads, "a", tp.size);
+    std::vector<TensorSpec> table = {tensor("softmax_out", {b, heads, s, s}, &a->softmax_out)};
+    if (r.dropout > 0.0f)
+        table.insert(table.end(), {tensor("attn_dropout_mask", {b, heads, s, s}, &a->attn_dropout_mask),
+                                   tensor("attn_dropout_out", {b, heads, s, s}, &a->attn_dropout_out)});
+    return table;
+}
+
+// What one block keeps (`keeps`, from block_keeps()): its whole table, its
+// input only, or nothing. The whole table is docs/design.md §2's, less what
+// the run does not need: no dropout masks at p = 0, no S', mask or S under
+// selective recomputation.
 template <class Act>
 std::vector<TensorSpec> block_activation_table(const GPTConfig& c, const RunShape& r, const TensorParallelism& tp,
-                                               BlockActivations<Act>* a) {
+                                               BlockActivations<Act>* a, BlockKeeps keeps) {
     const int t = tp.size;
     Dim b{r.batch, "b"}, s{r.seq_len, "s"}, h{c.channels, "h"};
     Dim s_local = tp.sequence_parallel ? split_dim(r.seq_len, "s", t) : s;  // tp.local_seq, named
     Dim heads = split_dim(c.num_heads, "a", t), h_t = split_dim(c.channels, "h", t);
     Dim h3_t = split_dim(3 * c.channels, "3h", t), h4_t = split_dim(4 * c.channels, "4h", t);
-    std::vector<TensorSpec> table = {
-        tensor("ln1_in", {s_local, b, h}, &a->ln1_in),
-        tensor("ln1_out", {s_local, b, h}, &a->ln1_out),
-        tensor("qkv", {s, b, h3_t}, &a->qkv),
-    };
+    if (keeps == BlockKeeps::nothing) return {};
+    std::vector<TensorSpec> table = {tensor("ln1_in", {s_local, b, h}, &a->ln1_in)};
+    if (keeps == BlockKeeps::input_only) return table;
+    const bool dropout = r.dropout > 0.0f;
+    table.push_back(tensor("ln1_out", {s_local, b, h}, &a->ln1_out));
+    table.push_back(tensor("qkv", {s, b, h3_t}, &a->qkv));
     if (c.attention == AttentionKernel::cudnn_fused) {
         table.push_back(tensor("softmax_stats", {b, heads, s}, &a->softmax_stats));
     } else if (keeps_attention_scores(c, r)) {
-        table.insert(table.end(), {tensor("softmax_out", {b, heads, s, s}, &a->softmax_out),
-                                   tensor("attn_dropout_mask", {b, heads, s, s}, &a->attn_dropout_mask),
-                                   tensor("attn_dropout_out", {b, heads, s, s}, &a->attn_dropout_out)});
+        const std::vector<TensorSpec> scores = attention_scores_table(c, r, tp, a);
+        table.insert(table.end(), scores.begin(), scores.end());
     }
-    const std::vector<TensorSpec> after_attention = {
-        tensor("attn_out", {s, b, h_t}, &a->attn_out),
-        tensor("proj_dropout_mask", {s_local, b, h}, &a->proj_dropout_mask),
-        tensor("ln2_in", {s_local, b, h}, &a->ln2_in),
-        tensor("ln2_out", {s_local, b, h}, &a->ln2_out),
-        tensor("gelu_in", {s, b, h4_t}, &a->gelu_in),
-        tensor("gelu_out", {s, b, h4_t}, &a->gelu_out),
-        tensor("fc2_dropout_mask", {s_local, b, h}, &a->fc2_dropout_mask),
-    };
-    table.insert(table.end(), after_attention.begin(), after_attention.end());
+    table.push_back(tensor("attn_out", {s, b, h_t}, &a->attn_out));
+    if (dropout) table.push_back(tensor("proj_dropout_mask", {s_local, b, h}, &a->proj_dropout_mask));
+    table.push_back(tensor("ln2_in", {s_local, b, h}, &a->ln2_in));
+    table.push_back(tensor("ln2_out", {s_local, b, h}, &a->ln2_out));
+    table.push_back(tensor("gelu_in", {s, b, h4_t}, &a->gelu_in));
+    table.push_back(tensor("gelu_out", {s, b, h4_t}, &a->gelu_out));
+    if (dropout) table.push_back(tensor("fc2_dropout_mask", {s_local, b, h}, &a->fc2_dropout_mask));
+    return table;
+}
+
+// The tables backward recomputes into, in the workspace: under selective
+// recomputation one block's S', mask and S (every block's, one at a time);
+// under full recomputation one whole table per block of the longest run,
+// slot j for the run's block j, where slot 0 has no input (the run's first
+// block keeps its own). Names are prefixed "recompute[j].".
+template <class Act>
+std::vector<TensorSpec> recompute_table(const GPTConfig& c, const RunShape& r, const TensorParallelism& tp, int slot,
+                                        BlockActivations<Act>* a) {
+    std::vector<TensorSpec> table;
+    if (recomputes_attention_scores(c, r)) table = attention_scores_table(c, r, tp, a);
+    if (r.recompute == Recompute::full) {
+        table = block_activation_table(c, r, tp, a);
+        if (slot == 0) table.erase(table.begin());  // ln1_in
+    }
+    for (TensorSpec& spec : table) spec.name = "recompute[" + std::to_string(slot) + "]." + spec.name;
     return table;
 }
 
@@ -122,11 +154,10 @@ std::vector<TensorSpec> workspace_table(const GPTConfig& c, const RunShape& r, c
                &w->replicated_grads),
         tensor("rs_scratch", {{overlapped_rs ? 3 : 0, "3"}, s_local, b, h}, &w->rs_scratch),
     };
-    if (recomputes_attention_scores(c, r)) {
-        Dim heads = split_dim(c.num_heads, "a", t);  // selective recomputation: one block's S', mask and S
-        table.push_back(tensor("softmax_out", {b, heads, s, s}, &w->softmax_out));
-        table.push_back(tensor("attn_dropout_mask", {b, heads, s, s}, &w->attn_dropout_mask));
-        table.push_back(tensor("attn_dropout_out", {b, heads, s, s}, &w->attn_dropout_out));
+    w->recompute.assign(size_t(recompute_slots(c, r)), BlockActivations<Act>{});
+    for (int slot = 0; slot < int(w->recompute.size()); slot++) {
+        const std::vector<TensorSpec> recomputed = recompute_table(c, r, tp, slot, &w->recompute[size_t(slot)]);
+        table.insert(table.end(), recomputed.begin(), recomputed.end());
     }
     return table;
 }
@@ -140,6 +171,11 @@ GPTModel<Backend>::GPTModel(const GPTConfig& c, const RunShape& r, const TensorP
       mappings_(group_, t.sequence_parallel_active()) {
     if (group_->size() != tp.size || group_->rank() != tp.rank)
         throw std::logic_error("GPT: the communicator does not match the tensor-parallel layout");
+    if (shape.recompute == Recompute::full &&
+        (shape.recompute_layers < 1 || shape.recompute_layers > config.num_layers))
+        throw std::invalid_argument("model.recompute_layers: " + std::to_string(shape.recompute_layers) +
+                                    " blocks to recompute; full recomputation takes 1 to model.layers (" +
+                                    std::to_string(config.num_layers) + ")");
     if (config.attention == AttentionKernel::cudnn_fused && !Backend::has_fused_attention)
         throw std::invalid_argument(
             "model.attention: cudnn is cuDNN's fused attention: it needs the GPU backend "
@@ -169,8 +205,9 @@ GPTModel<Backend>::GPTModel(const GPTConfig& c, const RunShape& r, const TensorP
 
     blocks.resize(config.num_layers);
     std::vector<TensorSpec> activations;
-    for (BlockActivations<Act>& block : blocks) {
-        std::vector<TensorSpec> table = block_activation_table(config, shape, tp, &block);
+    for (int l = 0; l < config.num_layers; l++) {
+        std::vector<TensorSpec> table =
+            block_activation_table(config, shape, tp, &blocks[l], block_keeps(shape, config.num_layers, l));
         activations.insert(activations.end(), table.begin(), table.end());
     }
     std::vector<TensorSpec> outside_table = outside_activation_table(config, shape, tp, &outside);
@@ -179,16 +216,35 @@ GPTModel<Backend>::GPTModel(const GPTConfig& c, const RunShape& r, const TensorP
     const Dim scratch = attention_scratch_for(
         config, Backend::attention_scratch(shape.batch, shape.seq_len, config.channels, config.num_heads, tp.size));
     workspace_arena = Arena(workspace_table(config, shape, tp, scratch, &workspace), memory);
-    if (recomputes_attention_scores(config, shape))
-        for (BlockActivations<Act>& block : blocks) {  // every block's S', mask and S: the workspace's one set
-            block.softmax_out = workspace.softmax_out;
-            block.attn_dropout_mask = workspace.attn_dropout_mask;
-            block.attn_dropout_out = workspace.attn_dropout_out;
-        }
+    place_recomputed_tensors();
     token_arena = Arena(token_table(shape, &tokens), memory);
     host_row_targets_.resize(size_t(shape.batch) * shape.seq_len);
     linears_ = std::make_unique<ParallelLinears<Comm, Act>>(group_, tp, shape.seq_len * shape.batch,
                                                             local_seq() * shape.batch, workspace.rs_scratch);
+}
+
+// Points what the blocks do not keep at the workspace's recompute tables:
+// under selective recomputation every block's S', mask and S at the one
+// set; under full recomputation each run's blocks at the slots, block j of
+// the run at slot j, and its first block's input at the input it keeps.
+template <class Backend>
+void GPTModel<Backend>::place_recomputed_tensors() {
+    recomputed_runs_ = recomputed_runs(shape, config.num_layers);
+    if (recomputes_attention_scores(config, shape)) {
+        const BlockActivations<Act>& scores = workspace.recompute[0];
+        for (BlockActivations<Act>& block : blocks) {
+            block.softmax_out = scores.softmax_out;
+            block.attn_dropout_mask = scores.attn_dropout_mask;
+            block.attn_dropout_out = scores.attn_dropout_out;
+        }
+    }
+    for (const BlockRun& run : recomputed_runs_) {
+        for (int l = run.begin; l < run.end; l++) {
+            Act* kept_input = blocks[l].ln1_in;
+            blocks[l] = workspace.recompute[size_t(l - run.begin)];
+            if (l == run.begin) blocks[l].ln1_in = kept_input;
+        }
+    }
 }
 
 template <class Backend>
@@ -460,6 +516,22 @@ void GPTModel<Backend>::block_backward(int l) {
     norm_backward(grad.ln1w, grad.ln1b, dln, a.ln1_in, param.ln1w);
 }
 
+// Full recomputation, before the backward of a run's last block: the run's
+// forward again from the input its first block kept, with the last
+// forward's draw (so the same masks) and the same kernels and communication,
+// so the tables it fills in the workspace are the same bits forward wrote.
+// Only workspace.stream_grad is live here; the last block's output, which
+// the next block keeps already, goes to local_grad, free until the block's backward.
+template <class Backend>
+void GPTModel<Backend>::recompute_runs_ending_at(int l) {
+    for (const BlockRun& run : recomputed_runs_) {
+        if (run.end != l + 1) continue;
+        for (int k = run.begin; k < run.end; k++)
+            block_forward(k, k + 1 < run.end ? blocks[k + 1].ln1_in : workspace.local_grad, last_draw_,
+                          last_dropout_);
+    }
+}
+
 // Leaves dL/d(lnf_in) in workspace.stream_grad.
 template <class Backend>
 void GPTModel<Backend>::classifier_backward(float dloss_scale) {
@@ -485,7 +557,10 @@ void GPTModel<Backend>::backward(float dloss_scale) {
     const int N = T * B, N_local = local_seq() * B, Vp_local = config.padded_vocab_size / tp.size;
     Workspace<Act>& w = workspace;
     classifier_backward(dloss_scale);
-    for (int l = L - 1; l >= 0; l--) block_backward(l);
+    for (int l = L - 1; l >= 0; l--) {
+        recompute_runs_ending_at(l);
+        block_backward(l);
+    }
     {
         ComputeSpan span(group_->tracer, "embeddings backward");
         dropout_backward(w.branch, outside.embedding_dropout_mask, w.stream_grad, int64_t(N_local) * C, last_dropout_);

@@ -14,22 +14,35 @@ static std::string mib(int64_t bytes) {
     return buf;
 }
 
-// docs/design.md §2's formula for the mode; with e = 2 also in Korthikanti et al.'s
-// form: 34sbh + 5as²b, sbh(34/t + 5as/(ht)), sbh(10 + 24/t + 5as/(ht)).
-// cuDNN's fused attention keeps 4·b·a·s/t bytes of row statistics in place
-// of the b·a·s²·(2e+1)/t of S', its mask and S; selective recomputation keeps neither.
-static std::string formula_text(int t, bool sp, int64_t e, AttentionKernel attention, Recompute recompute) {
+std::string recompute_description(const RunShape& r) {
+    if (r.recompute == Recompute::none) return "none";
+    if (r.recompute == Recompute::selective) return "selective";
+    const int n = r.recompute_layers;
+    if (r.recompute_method == RecomputeMethod::block)
+        return "full (block: the first " + std::to_string(n) + (n == 1 ? " block)" : " blocks)");
+    return "full (uniform: runs of " + std::to_string(n) + (n == 1 ? " block)" : " blocks)");
+}
+
+// docs/design.md §2's formula for one block's whole table; with e = 2 and
+// dropout also in Korthikanti et al.'s form: 34sbh + 5as²b, sbh(34/t +
+// 5as/(ht)), sbh(10 + 24/t + 5as/(ht)). cuDNN's fused attention keeps 4·b·a·s/t
+// bytes of row statistics in place of the s² term; selective recomputation
+// keeps neither. Without dropout there are no masks: 16e (4e) for 16e+2
+// (4e+2), and S' alone, b·a·s²·e.
+static std::string formula_text(int t, bool sp, int64_t e, AttentionKernel attention, Recompute recompute,
+                                bool dropout) {
     const bool fused = attention == AttentionKernel::cudnn_fused;
     const std::string per_t = t == 1 ? "" : "/t";
+    const std::string tokens = t == 1 || sp ? std::string(dropout ? "b·s·h·(16e+2)" : "b·s·h·16e") + per_t
+                                            : std::string(dropout ? "b·s·h·(4e+2)" : "b·s·h·4e") + " + b·s·h·12e/t";
+    const bool papers_form = e == 2 && dropout;
     if (!fused && recompute == Recompute::selective) {
-        const std::string general = t == 1 || sp ? "b·s·h·(16e+2)" + per_t : "b·s·h·(4e+2) + b·s·h·12e/t";
-        if (e != 2) return general;
-        return general + " = " + (t == 1 ? "34·b·s·h" : sp ? "s·b·h·34/t" : "s·b·h·(10 + 24/t)");
+        if (!papers_form) return tokens;
+        return tokens + " = " + (t == 1 ? "34·b·s·h" : sp ? "s·b·h·34/t" : "s·b·h·(10 + 24/t)");
     }
-    const std::string scores = (fused ? "4·b·a·s" : "b·a·s²·(2e+1)") + per_t;
-    const std::string general = t == 1 || sp ? "b·s·h·(16e+2)" + per_t + " + " + scores
-                                             : "b·s·h·(4e+2) + b·s·h·12e/t + " + scores;
-    if (e != 2) return general;
+    const std::string scores = (fused ? "4·b·a·s" : dropout ? "b·a·s²·(2e+1)" : "b·a·s²·e") + per_t;
+    const std::string general = tokens + " + " + scores;
+    if (!papers_form) return general;
     if (fused)
         return general + " = " +
                (t == 1 ? "34·b·s·h + 4·b·a·s"
@@ -41,22 +54,45 @@ static std::string formula_text(int t, bool sp, int64_t e, AttentionKernel atten
                    : "s·b·h·(10 + 24/t + 5·a·s/(h·t))");
 }
 
+static const char* verdict(int64_t table, int64_t formula) { return table == formula ? "EQUAL" : "NOT EQUAL"; }
+
+// Under full recomputation: which blocks keep what.
+static std::string full_recompute_text(const GPTConfig& c, const RunShape& r, int64_t input_bytes) {
+    const std::vector<BlockRun> runs = recomputed_runs(r, c.num_layers);
+    std::string text = "full recomputation: " + std::to_string(runs.size()) + " run(s) of blocks keep only their first " +
+                       "block's input (ln1_in, " + std::to_string(input_bytes) + " bytes each):";
+    for (const BlockRun& run : runs) {
+        char blocks[32];
+        if (run.end - run.begin > 1) std::snprintf(blocks, sizeof blocks, " %d-%d", run.begin, run.end - 1);
+        else std::snprintf(blocks, sizeof blocks, " %d", run.begin);
+        text += blocks;
+    }
+    const int recomputed = runs.empty() ? 0 : runs.back().end;
+    if (recomputed < c.num_layers)
+        text += "; blocks " + std::to_string(recomputed) + "-" + std::to_string(c.num_layers - 1) +
+                " keep the whole table";
+    return text + "\n";
+}
+
 // One line: what each recompute mode keeps per rank for the same shape, and
-// the workspace selective needs once (S', its mask and S of one block).
-static std::string compare_recompute_modes(const GPTConfig& c, const RunShape& r, const TensorParallelism& tp, bool sp,
+// the workspace it adds once. Full as configured, or uniform runs of one block.
+static std::string compare_recompute_modes(const GPTConfig& c, const RunShape& r, const TensorParallelism& tp,
                                            int64_t e) {
-    const int64_t b = r.batch, s = r.seq_len, h = c.channels, a = c.num_heads, t = tp.size, L = c.num_layers;
-    if (c.attention == AttentionKernel::cudnn_fused)
-        return "recompute: cuDNN's fused attention keeps no s² tensors; selective recomputes nothing more\n";
-    const int64_t none = block_activation_formula_bytes(b, s, h, a, e, t, sp, c.attention, Recompute::none);
-    const int64_t selective = block_activation_formula_bytes(b, s, h, a, e, t, sp, c.attention, Recompute::selective);
-    const int64_t scores_once = b * a * s * s * (2 * e + 1) / t;
-    char line[256];
-    std::snprintf(line, sizeof line,
-                  "model.recompute, the L blocks' saved activations per rank: none %s | selective %s (and %s of "
-                  "workspace, once)\n",
-                  mib(L * none).c_str(), mib(L * selective).c_str(), mib(scores_once).c_str());
-    return line;
+    RunShape none = r, selective = r, full = r;
+    none.recompute = Recompute::none;
+    selective.recompute = Recompute::selective;
+    if (full.recompute != Recompute::full) {
+        full.recompute = Recompute::full;
+        full.recompute_method = RecomputeMethod::uniform;
+        full.recompute_layers = 1;
+    }
+    auto mode = [&](const RunShape& shape) {
+        const int64_t workspace = recompute_workspace_formula_bytes(c, shape, tp, e);
+        return recompute_description(shape) + " " + mib(saved_blocks_formula_bytes(c, shape, tp, e)) +
+               (workspace ? " (+ " + mib(workspace) + " of workspace, once)" : "");
+    };
+    return "model.recompute, what the L blocks keep per rank: " + mode(none) + " | " + mode(selective) + " | " +
+           mode(full) + "\n";
 }
 
 // Act: float, or uint16_t standing in for bf16 (the same bytes, the same tables).
@@ -72,13 +108,22 @@ static MemoryReport report(const GPTConfig& c, const RunShape& r, const TensorPa
     std::vector<TensorSpec> workspace_table_ = workspace_table(c, r, tp, attention_scratch, &workspace);
     const DType activation = dtype_of<Act>();
     const int64_t e = int64_t(sizeof(Act));
+    const bool sp = tp.sequence_parallel || tp.size == 1, dropout = r.dropout > 0.0f;
 
     MemoryReport m;
     m.block_bytes = int64_t(table_bytes(block_table));
-    const bool sp = tp.sequence_parallel || tp.size == 1;
     m.block_formula_bytes = block_activation_formula_bytes(r.batch, r.seq_len, c.channels, c.num_heads, e, tp.size, sp,
-                                                           c.attention, r.recompute);
-    m.blocks_bytes = m.block_bytes * c.num_layers;
+                                                           c.attention, r.recompute, dropout);
+    m.blocks_bytes = 0;
+    for (int l = 0; l < c.num_layers; l++) {
+        BlockActivations<Act> kept{};
+        m.blocks_bytes += int64_t(table_bytes(block_activation_table(c, r, tp, &kept, block_keeps(r, c.num_layers, l))));
+    }
+    m.blocks_formula_bytes = saved_blocks_formula_bytes(c, r, tp, e);
+    m.recompute_bytes = 0;
+    for (const TensorSpec& spec : workspace_table_)
+        if (spec.name.rfind("recompute[", 0) == 0) m.recompute_bytes += int64_t(spec.bytes());
+    m.recompute_formula_bytes = recompute_workspace_formula_bytes(c, r, tp, e);
     m.outside_bytes = int64_t(table_bytes(outside_table));
     m.workspace_bytes = int64_t(table_bytes(workspace_table_));
     m.parameter_bytes = int64_t(table_bytes(parameter_table(c, tp.size, &params)));
@@ -89,30 +134,39 @@ static MemoryReport report(const GPTConfig& c, const RunShape& r, const TensorPa
                   "model: L=%d a=%d h=%d V=%d Vp=%d | run: b=%d s=%d dropout=%g recompute=%s | %s, t=%d, per rank | "
                   "%s: %s activations (e=%d)\n\n",
                   c.num_layers, c.num_heads, c.channels, c.vocab_size, c.padded_vocab_size, r.batch, r.seq_len,
-                  r.dropout, r.recompute == Recompute::selective ? "selective" : "none", mode, tp.size, device,
-                  dtype_name(activation), int(e));
+                  r.dropout, recompute_description(r).c_str(), mode, tp.size, device, dtype_name(activation), int(e));
     m.text = line;
-    m.text += format_table("saved activations of one transformer block (each of the L blocks):", block_table,
-                           activation);
-    const std::string formula = formula_text(tp.size, sp, e, c.attention, r.recompute);
+    m.text += format_table("saved activations of one transformer block's whole table:", block_table, activation);
+    const std::string formula = formula_text(tp.size, sp, e, c.attention, r.recompute, dropout);
     std::snprintf(line, sizeof line,
                   "\nformula per block: %s = %lld bytes\n"
-                  "table per block:   %lld bytes  ->  %s\n\n",
+                  "table per block:   %lld bytes  ->  %s\n",
                   formula.c_str(), (long long)m.block_formula_bytes, (long long)m.block_bytes,
-                  m.block_bytes == m.block_formula_bytes ? "EQUAL" : "NOT EQUAL");
+                  verdict(m.block_bytes, m.block_formula_bytes));
+    m.text += line;
+    if (r.recompute == Recompute::full) m.text += full_recompute_text(c, r, block_table.front().bytes());
+    std::snprintf(line, sizeof line, "the %d blocks keep: tables %lld bytes, formula %lld bytes  ->  %s\n\n",
+                  c.num_layers, (long long)m.blocks_bytes, (long long)m.blocks_formula_bytes,
+                  verdict(m.blocks_bytes, m.blocks_formula_bytes));
     m.text += line;
     m.text += format_table("saved outside the blocks (not part of the per-block formula):", outside_table, activation);
     m.text += '\n';
-    m.text += format_table("workspace, reused from block to block (gradients, scratch; not saved):", workspace_table_,
-                           activation);
+    m.text += format_table("workspace, reused from block to block (gradients, scratch, recomputation; not saved):",
+                           workspace_table_, activation);
+    std::snprintf(line, sizeof line, "recomputation's workspace: tables %lld bytes, formula %lld bytes  ->  %s\n",
+                  (long long)m.recompute_bytes, (long long)m.recompute_formula_bytes,
+                  verdict(m.recompute_bytes, m.recompute_formula_bytes));
+    m.text += line;
     std::snprintf(line, sizeof line,
-                  "\nsaved activations: %d blocks × %s + outside %s = %s\n"
+                  "\nsaved activations: %d blocks %s + outside %s = %s\n"
                   "workspace %s | parameters %s (and as much again for gradients)\n",
-                  c.num_layers, mib(m.block_bytes).c_str(), mib(m.outside_bytes).c_str(),
+                  c.num_layers, mib(m.blocks_bytes).c_str(), mib(m.outside_bytes).c_str(),
                   mib(m.blocks_bytes + m.outside_bytes).c_str(), mib(m.workspace_bytes).c_str(),
                   mib(m.parameter_bytes).c_str());
     m.text += line;
-    m.text += compare_recompute_modes(c, r, tp, sp, e);
+    if (c.attention == AttentionKernel::cudnn_fused)
+        m.text += "(cuDNN's fused attention keeps no s² tensors: selective recomputes nothing more)\n";
+    m.text += compare_recompute_modes(c, r, tp, e);
     return m;
 }
 

@@ -1,5 +1,5 @@
 // `tpsp memory`: the activation tables one rank allocates, beside the
-// formula of docs/design.md §2 for its mode that they must equal.
+// formulas of docs/design.md §2 for its mode that they must equal.
 #pragma once
 #include <string>
 
@@ -8,11 +8,19 @@
 namespace tpsp {
 
 struct MemoryReport {
-    int64_t block_bytes;          // one block's table, summed
-    int64_t block_formula_bytes;  // docs/design.md §2's formula for this mode and t
-    int64_t blocks_bytes;         // all L blocks
+    int64_t block_bytes;              // one block's whole table, summed
+    int64_t block_formula_bytes;      // docs/design.md §2's formula for it, for this mode and t
+    int64_t blocks_bytes;             // what the L blocks keep (under full recomputation, less than L whole tables)
+    int64_t blocks_formula_bytes;     // saved_blocks_formula_bytes
+    int64_t recompute_bytes;          // the workspace's recompute tables
+    int64_t recompute_formula_bytes;  // recompute_workspace_formula_bytes
     int64_t outside_bytes, workspace_bytes, parameter_bytes;
     std::string text;
+    // every table equals its formula
+    bool equal() const {
+        return block_bytes == block_formula_bytes && blocks_bytes == blocks_formula_bytes &&
+               recompute_bytes == recompute_formula_bytes;
+    }
 };
 
 // Which model the report is for: the CPU's (fp32 activations, e = 4) or the
@@ -21,5 +29,8 @@ enum class Device { cpu, cuda };
 
 // Built from the same tables the GPT constructor lays its arenas out from.
 MemoryReport memory_report(const GPTConfig& config, const RunShape& shape, const TensorParallelism& tp, Device device);
+
+// "none", "selective", "full (uniform, 2 blocks per run)", "full (block, first 3 blocks)"
+std::string recompute_description(const RunShape& shape);
 
 }  // namespace tpsp

@@ -117,15 +117,15 @@ Arena::~Arena() {
 std::string format_table(const std::string& title, const std::vector<TensorSpec>& table, DType activation) {
     std::string out = title + "\n";
     char line[256];
-    std::snprintf(line, sizeof line, "  %-22s %-20s %-16s %-5s %14s  %s\n", "tensor", "shape", "symbols", "dtype",
+    std::snprintf(line, sizeof line, "  %-30s %-20s %-16s %-5s %14s  %s\n", "tensor", "shape", "symbols", "dtype",
                   "bytes", "formula");
     out += line;
     for (const TensorSpec& t : table) {
-        std::snprintf(line, sizeof line, "  %-22s %-20s %-16s %-5s %14zu  %s\n", t.name.c_str(), t.shape_text().c_str(),
+        std::snprintf(line, sizeof line, "  %-30s %-20s %-16s %-5s %14zu  %s\n", t.name.c_str(), t.shape_text().c_str(),
                       t.symbol_text().c_str(), dtype_name(t.dtype), t.bytes(), t.formula_text(activation).c_str());
         out += line;
     }
-    std::snprintf(line, sizeof line, "  %-22s %-20s %-16s %-5s %14zu\n", "total", "", "", "", table_bytes(table));
+    std::snprintf(line, sizeof line, "  %-30s %-20s %-16s %-5s %14zu\n", "total", "", "", "", table_bytes(table));
     return out + line;
 }
 

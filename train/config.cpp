@@ -108,8 +108,15 @@ const std::vector<Key>& keys() {
                    {"explicit", "cudnn"},
                    "explicit: kernels that save S', its mask and S; cudnn: cuDNN's fused attention (GPU)"),
         string_key("model.recompute", [](Config& c) -> std::string& { return c.model.recompute; },
-                   {"none", "selective"},
-                   "selective: keep no S', mask or S; backward recomputes them from qkv (same bits)"),
+                   {"none", "selective", "full"},
+                   "selective: keep no S', mask or S, recompute them from qkv; full: recomputed blocks keep only "
+                   "their input and run forward again in backward (the same bits either way)"),
+        string_key("model.recompute_method", [](Config& c) -> std::string& { return c.model.recompute_method; },
+                   {"uniform", "block"},
+                   "full recomputation: uniform runs of N blocks keep one input each; block: the first N blocks "
+                   "keep only their input"),
+        int_key("model.recompute_layers", [](Config& c) -> int& { return c.model.recompute_layers; }, 1,
+                "N of model.recompute_method (≤ model.layers)"),
         string_key("data.train", [](Config& c) -> std::string& { return c.data.train; }, {},
                    "glob of training token shards (llm.c format)"),
         string_key("data.val", [](Config& c) -> std::string& { return c.data.val; }, {},
@@ -269,6 +276,12 @@ void validate(const Config& c, const std::string& where) {
         fail("model.attention",
              "cuDNN's fused attention needs a head size (model.channels / model.heads) "
              "that is a multiple of 8");
+    if (c.model.recompute == "full" && c.model.recompute_layers > c.model.layers)
+        fail("model.recompute_layers", std::to_string(c.model.recompute_layers) + " is more than model.layers = " +
+                                           std::to_string(c.model.layers));
+    if (c.model.recompute != "full" && (c.model.recompute_method != "uniform" || c.model.recompute_layers != 1))
+        fail("model.recompute_method",
+             "model.recompute_method and model.recompute_layers choose the blocks of model.recompute: full");
     if (c.train.device != "cpu" && c.parallel.emulated_link_gbps > 0)
         fail("parallel.emulated_link.gbps", "the emulated link is a CPU measuring aid: it needs train.device: cpu");
 }
@@ -288,8 +301,12 @@ GPTConfig Config::gpt() const {
 }
 
 RunShape Config::run_shape() const {
-    return {train.batch_size, train.seq_len, model.dropout,
-            model.recompute == "selective" ? Recompute::selective : Recompute::none};
+    const Recompute recompute = model.recompute == "selective" ? Recompute::selective
+                                : model.recompute == "full"    ? Recompute::full
+                                                               : Recompute::none;
+    return {train.batch_size, train.seq_len, model.dropout, recompute,
+            model.recompute_method == "block" ? RecomputeMethod::block : RecomputeMethod::uniform,
+            model.recompute_layers};
 }
 
 OverlapSettings Config::overlap() const {

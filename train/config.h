@@ -21,7 +21,9 @@ struct Config {
         int max_seq_len = 0;        // 0: train.seq_len
         float dropout = 0.0f;
         std::string attention = "explicit";  // explicit | cudnn (cuDNN's fused attention, GPU only)
-        std::string recompute = "none";      // none | selective
+        std::string recompute = "none";      // none | selective | full
+        std::string recompute_method = "uniform";  // uniform | block (full recomputation)
+        int recompute_layers = 1;                  // blocks per run (uniform), or recomputed blocks (block)
     } model;
     struct Data {
         std::string train = "data/kjv/train_*.bin";

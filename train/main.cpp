@@ -126,7 +126,7 @@ int command_memory(const ConfigArgs& args) {
     const TensorParallelism tp{cfg.parallel.tp, 0, cfg.parallel.sequence_parallel, cfg.overlap()};
     const MemoryReport report = memory_report(cfg.gpt(), cfg.run_shape(), tp, resolve_device(cfg, false));
     std::fputs(report.text.c_str(), stdout);
-    return report.block_bytes == report.block_formula_bytes ? 0 : 1;
+    return report.equal() ? 0 : 1;
 }
 
 int command_bench(const ConfigArgs& args, const BenchOptions& options) {

@@ -48,7 +48,6 @@ void dropout_forward(float* out, uint8_t* mask, const float* inp, const DropoutB
                      const DropoutKey& key) {
     const int64_t rows = box.n0 * box.n1;
     if (p == 0.0f) {
-        std::memset(mask, 1, size_t(rows * box.n2));
         if (out != inp) std::memcpy(out, inp, sizeof(float) * rows * box.n2);
         return;
     }
@@ -61,6 +60,10 @@ void dropout_forward(float* out, uint8_t* mask, const float* inp, const DropoutB
 }
 
 void dropout_backward(float* dinp, const uint8_t* mask, const float* dout, int64_t n, float p) {
+    if (p == 0.0f) {
+        if (dinp != dout) std::memcpy(dinp, dout, sizeof(float) * n);
+        return;
+    }
     float scale = 1.0f / (1.0f - p);
 #pragma omp parallel for simd if (n > 65536)
     for (int64_t i = 0; i < n; i++) dinp[i] = mask[i] ? dout[i] * scale : 0.0f;
@@ -330,14 +333,15 @@ void attention_forward(float* out, float* softmax_out, uint8_t* dropout_mask, fl
             causal_softmax(scores, T);
         }
     }
-    // S = dropout(S')
-    dropout_forward(dropout_out, dropout_mask, softmax_out, box, p, key);
+    // S = dropout(S'); S' itself at p = 0
+    if (p > 0.0f) dropout_forward(dropout_out, dropout_mask, softmax_out, box, p, key);
+    const float* scores = p > 0.0f ? dropout_out : softmax_out;
     // out = S V
 #pragma omp parallel for collapse(2)
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < NH; h++) {
             const float* v = qkv + int64_t(b) * 3 * C + 2 * C + h * hs;
-            const float* s = dropout_out + (int64_t(b) * NH + h) * T * T;
+            const float* s = scores + (int64_t(b) * NH + h) * T * T;
             float* o = out + int64_t(b) * C + h * hs;  // [T, hs], row stride B·C
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, s, T, v, qkv_stride, 0.0f, o,
                         out_stride);
@@ -362,9 +366,8 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
             float* dk = dq + C;
             float* dv = dq + 2 * C;
             const float* d = dout + int64_t(b) * C + h * hs;
-            const float* sp = softmax_out + pair * T * T;  // S'
-            const float* s = dropout_out + pair * T * T;   // S
-            const uint8_t* mask = dropout_mask + pair * T * T;
+            const float* sp = softmax_out + pair * T * T;                // S'
+            const float* s = p > 0.0f ? dropout_out + pair * T * T : sp;  // S
             float* ds = scratch + int64_t(omp_get_thread_num()) * T * T;
             // dV = S^T dO, dS = dO V^T
             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, s, T, d, out_stride, 0.0f, dv,
@@ -373,7 +376,7 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
                         T);
             // dS' = dropout backward of dS (the mask only); then softmax backward
             // from its output: dD = S' ∘ (dS' − Σ_row S' ∘ dS'), times the score scale
-            dropout_backward(ds, mask, ds, int64_t(T) * T, p);
+            if (p > 0.0f) dropout_backward(ds, dropout_mask + pair * T * T, ds, int64_t(T) * T, p);
             for (int t = 0; t < T; t++) {
                 float* row = ds + int64_t(t) * T;
                 const float* sp_row = sp + int64_t(t) * T;

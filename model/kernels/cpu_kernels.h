@@ -69,10 +69,12 @@ void gelu_forward(float* out, const float* inp, int64_t N);
 void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N);
 
 // out = inp * mask / (1 - p), mask[i] = 1 with probability 1 - p. out may
-// alias inp. p = 0 writes an all-ones mask and copies.
+// alias inp. At p = 0 it copies and never touches the mask (which may be null:
+// a model without dropout keeps none).
 void dropout_forward(float* out, uint8_t* mask, const float* inp, const DropoutBox& box, float p,
                      const DropoutKey& key);
-// dinp [n] OVERWRITTEN (may alias dout): the input is not needed, only the mask.
+// dinp [n] OVERWRITTEN (may alias dout): the input is not needed, only the mask
+// (none at p = 0: it copies).
 void dropout_backward(float* dinp, const uint8_t* mask, const float* dout, int64_t n, float p);
 
 // out [N] = inp1 + inp2. Its backward is the identity on both inputs: the
@@ -84,6 +86,8 @@ void residual_forward(float* out, const float* inp1, const float* inp2, int64_t 
 //   softmax_out [B, NH, T, T]  S' = softmax(Q K^T / sqrt(hs)), zero above the diagonal
 //   dropout_mask [B, NH, T, T], dropout_out [B, NH, T, T]  S = dropout(S')
 // and writes out [T, B, C] = S V. `box` places [B, NH, T*T] in the global tensor.
+// At p = 0, S is S': the mask and dropout_out are neither written nor read
+// (both may be null), here and in backward.
 // scratch: none is needed on the CPU; the argument is the CUDA twin's.
 void attention_forward(float* out, float* softmax_out, uint8_t* dropout_mask, float* dropout_out, const float* qkv,
                        float* scratch, int B, int T, int C, int NH, float p, const DropoutBox& box,

@@ -284,8 +284,7 @@ __global__ void dropout_forward_kernel(bf16* out, uint8_t* mask, const bf16* inp
 void dropout_forward(bf16* out, uint8_t* mask, const bf16* inp, const DropoutBox& box, float p, const DropoutKey& key) {
     const GpuContext& ctx = gpu::context();
     const int64_t n = box.n0 * box.n1 * box.n2;
-    if (p == 0.0f) {  // as on the CPU: an all-ones mask and a copy
-        check_cuda(cudaMemsetAsync(mask, 1, size_t(n), ctx.stream), "dropout_forward mask");
+    if (p == 0.0f) {  // as on the CPU: a copy, the mask untouched (it may be null)
         if (out != inp)
             check_cuda(cudaMemcpyAsync(out, inp, sizeof(bf16) * n, cudaMemcpyDeviceToDevice, ctx.stream),
                        "dropout_forward copy");
@@ -303,6 +302,12 @@ __global__ void dropout_backward_kernel(bf16* dinp, const uint8_t* mask, const b
 
 void dropout_backward(bf16* dinp, const uint8_t* mask, const bf16* dout, int64_t n, float p) {
     const GpuContext& ctx = gpu::context();
+    if (p == 0.0f) {  // no mask at p = 0
+        if (dinp != dout)
+            check_cuda(cudaMemcpyAsync(dinp, dout, sizeof(bf16) * n, cudaMemcpyDeviceToDevice, ctx.stream),
+                       "dropout_backward copy");
+        return;
+    }
     dropout_backward_kernel<<<blocks_for(n), block_threads, 0, ctx.stream>>>(dinp, mask, dout, n, 1.0f / (1.0f - p));
     check_launch("dropout_backward");
 }
@@ -341,7 +346,7 @@ __global__ void bias_dropout_residual_kernel(bf16* out, uint8_t* mask, const bf1
     if (i >= box.n0 * box.n1 * box.n2) return;
     const int64_t c = i % box.n2;
     const bool keep = p == 0.0f || dropout_uniform(key, box.row_start(i / box.n2) + uint64_t(c)) >= p;
-    mask[i] = keep;
+    if (p > 0.0f) mask[i] = keep;  // none at p = 0
     const float branch = keep ? (to_float(y[i]) + bias[c]) * scale : 0.0f;
     out[i] = to_bf16(to_float(residual[i]) + branch);
 }
@@ -417,7 +422,8 @@ static void from_head_major(bf16* dst, const bf16* src, int B, int T, int C, int
 }
 
 // One warp per row (b, h, t) of scores [B·NH·T, T], which hold Q K^T · scale:
-// S' = causal softmax in place (0 above the diagonal), then S = dropout(S').
+// S' = causal softmax in place (0 above the diagonal), then S = dropout(S');
+// at p = 0, S is S' and neither the mask nor dropout_out is written.
 // Row (b, h) of the box [B, NH, T·T] holds the T rows of one head.
 __global__ void softmax_dropout_forward_kernel(bf16* softmax_out, uint8_t* mask, bf16* dropout_out, int rows, int T,
                                                float p, DropoutBox box, DropoutKey key) {
@@ -435,15 +441,18 @@ __global__ void softmax_dropout_forward_kernel(bf16* softmax_out, uint8_t* mask,
     const float keep_scale = 1.0f / (1.0f - p);
     for (int j = lane; j < T; j += warp_size) {
         const bf16 prob = j <= t ? to_bf16(__expf(to_float(s[j]) - maxval) * inv_sum) : to_bf16(0.0f);
-        const bool keep = p == 0.0f || dropout_uniform(key, global0 + j) >= p;
         s[j] = prob;
-        mask[int64_t(row) * T + j] = keep;
-        dropout_out[int64_t(row) * T + j] = keep ? to_bf16(to_float(prob) * keep_scale) : to_bf16(0.0f);
+        if (p > 0.0f) {
+            const bool keep = dropout_uniform(key, global0 + j) >= p;
+            mask[int64_t(row) * T + j] = keep;
+            dropout_out[int64_t(row) * T + j] = keep ? to_bf16(to_float(prob) * keep_scale) : to_bf16(0.0f);
+        }
     }
 }
 
 // In place on the score gradient [B·NH·T, T] (dS on entry): dS' = dropout
-// backward of dS, then dD = S' ∘ (dS' − Σ_row S' ∘ dS') · scale.
+// backward of dS (dS itself where mask is null, at p = 0), then
+// dD = S' ∘ (dS' − Σ_row S' ∘ dS') · scale.
 __global__ void softmax_dropout_backward_kernel(bf16* dscores, const bf16* softmax_out, const uint8_t* mask, int rows,
                                                 int T, float keep_scale, float score_scale) {
     const int row = blockIdx.x * warps_per_block + threadIdx.x / warp_size, lane = threadIdx.x % warp_size;
@@ -451,13 +460,13 @@ __global__ void softmax_dropout_backward_kernel(bf16* dscores, const bf16* softm
     const int t = row % T;
     bf16* ds = dscores + int64_t(row) * T;
     const bf16* sp = softmax_out + int64_t(row) * T;
-    const uint8_t* m = mask + int64_t(row) * T;
+    const uint8_t* m = mask ? mask + int64_t(row) * T : nullptr;
+    auto dropout_grad = [&](int j) { return !m ? to_float(ds[j]) : m[j] ? to_float(ds[j]) * keep_scale : 0.0f; };
     float weighted = 0.0f;
-    for (int j = lane; j <= t; j += warp_size)
-        weighted += to_float(sp[j]) * (m[j] ? to_float(ds[j]) * keep_scale : 0.0f);
+    for (int j = lane; j <= t; j += warp_size) weighted += to_float(sp[j]) * dropout_grad(j);
     weighted = warp_sum(weighted);
     for (int j = lane; j < T; j += warp_size) {
-        const float dsp = m[j] ? to_float(ds[j]) * keep_scale : 0.0f;
+        const float dsp = dropout_grad(j);
         ds[j] = to_bf16(to_float(sp[j]) * (dsp - weighted) * score_scale);
     }
 }
@@ -481,8 +490,9 @@ void attention_forward(bf16* out, bf16* softmax_out, uint8_t* dropout_mask, bf16
     softmax_dropout_forward_kernel<<<blocks_for(rows, warps_per_block), block_threads, 0, ctx.stream>>>(
         softmax_out, dropout_mask, dropout_out, rows, T, p, box, key);
     check_launch("softmax_dropout_forward");
-    // o [T, hs] = S V, i.e. o^T = V^T S^T
-    batched_gemm(false, false, hs, T, T, 1.0f, v, hs, head_stride, dropout_out, T, score_stride, 0.0f, o, hs,
+    // o [T, hs] = S V, i.e. o^T = V^T S^T (S = S' at p = 0)
+    const bf16* scores = p > 0.0f ? dropout_out : softmax_out;
+    batched_gemm(false, false, hs, T, T, 1.0f, v, hs, head_stride, scores, T, score_stride, 0.0f, o, hs,
                  head_stride, heads);
     from_head_major(out, o, B, T, C, NH, C, 0);
 }
@@ -500,15 +510,16 @@ void attention_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf1
     to_head_major(k, qkv, B, T, C, NH, 3 * C, C);
     to_head_major(v, qkv, B, T, C, NH, 3 * C, 2 * C);
     to_head_major(dout_heads, dout, B, T, C, NH, C, 0);
-    // dV [T, hs] = S^T dO, i.e. dV^T = dO^T S
-    batched_gemm(false, true, hs, T, T, 1.0f, dout_heads, hs, head_stride, dropout_out, T, score_stride, 0.0f, dv, hs,
+    // dV [T, hs] = S^T dO, i.e. dV^T = dO^T S (S = S' at p = 0)
+    const bf16* scores = p > 0.0f ? dropout_out : softmax_out;
+    batched_gemm(false, true, hs, T, T, 1.0f, dout_heads, hs, head_stride, scores, T, score_stride, 0.0f, dv, hs,
                  head_stride, heads);
     // dS [T, T] = dO V^T, i.e. dS^T = V dO^T
     batched_gemm(true, false, T, T, hs, 1.0f, v, hs, head_stride, dout_heads, hs, head_stride, 0.0f, dscores, T,
                  score_stride, heads);
     const int rows = heads * T;
     softmax_dropout_backward_kernel<<<blocks_for(rows, warps_per_block), block_threads, 0, ctx.stream>>>(
-        dscores, softmax_out, dropout_mask, rows, T, 1.0f / (1.0f - p), 1.0f / sqrtf(float(hs)));
+        dscores, softmax_out, p > 0.0f ? dropout_mask : nullptr, rows, T, 1.0f / (1.0f - p), 1.0f / sqrtf(float(hs)));
     check_launch("softmax_dropout_backward");
     // dQ [T, hs] = dD K, i.e. dQ^T = K^T dD^T
     batched_gemm(false, false, hs, T, T, 1.0f, k, hs, head_stride, dscores, T, score_stride, 0.0f, dq, hs, head_stride,

@@ -106,6 +106,7 @@ void gelu_forward(bf16* out, const bf16* inp, int64_t N);
 void gelu_backward(bf16* dinp, const bf16* inp, const bf16* dout, int64_t N);
 
 // out = inp · mask / (1 − p), the mask drawn for `box` under `key`; out may alias inp.
+// At p = 0 a copy: the mask is neither written here nor read in backward (it may be null).
 void dropout_forward(bf16* out, uint8_t* mask, const bf16* inp, const DropoutBox& box, float p, const DropoutKey& key);
 // dinp [n] OVERWRITTEN (may alias dout)
 void dropout_backward(bf16* dinp, const uint8_t* mask, const bf16* dout, int64_t n, float p);
@@ -126,6 +127,7 @@ void bias_backward_columns(float* dbias, const bf16* dout, int N, int width, int
 // Causal self-attention of NH heads, explicit: the same tensors as the CPU's
 // attention_forward. qkv [T, B, 3C]; out [T, B, C]; softmax_out, dropout_mask,
 // dropout_out [B, NH, T, T]; `box` places [B, NH, T·T] in the global tensor.
+// At p = 0, S is S': the mask and dropout_out are not used (they may be null).
 // scratch: cuda_attention_scratch_elements(B, T, C, NH) bf16s (attention_scratch.h).
 void attention_forward(bf16* out, bf16* softmax_out, uint8_t* dropout_mask, bf16* dropout_out, const bf16* qkv,
                        bf16* scratch, int B, int T, int C, int NH, float p, const DropoutBox& box,
