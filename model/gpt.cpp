@@ -98,6 +98,15 @@ std::vector<TensorSpec> token_table(const RunShape& r, TokenBuffers* tokens) {
     return {tensor("inputs", {b, s}, &tokens->inputs), tensor("row_targets", {s, b}, &tokens->row_targets)};
 }
 
+std::string recompute_description(const RunShape& r) {
+    if (r.recompute == Recompute::none) return "none";
+    if (r.recompute == Recompute::selective) return "selective";
+    const int n = r.recompute_layers;
+    if (r.recompute_method == RecomputeMethod::block)
+        return "full (block: the first " + std::to_string(n) + (n == 1 ? " block)" : " blocks)");
+    return "full (uniform: runs of " + std::to_string(n) + (n == 1 ? " block)" : " blocks)");
+}
+
 bool keeps_attention_scores(const GPTConfig& config, const RunShape& shape) {
     return config.attention == AttentionKernel::explicit_scores && shape.recompute != Recompute::selective;
 }
@@ -128,7 +137,8 @@ BlockKeeps block_keeps(const RunShape& shape, int num_layers, int layer) {
 int recompute_slots(const GPTConfig& config, const RunShape& shape) {
     if (shape.recompute == Recompute::selective) return recomputes_attention_scores(config, shape) ? 1 : 0;
     int longest = 0;
-    for (const BlockRun& run : recomputed_runs(shape, config.num_layers)) longest = std::max(longest, run.end - run.begin);
+    for (const BlockRun& run : recomputed_runs(shape, config.num_layers))
+        longest = std::max(longest, run.end - run.begin);
     return longest;
 }
 
@@ -154,7 +164,7 @@ struct FormulaShape {
     bool sequence_parallel, dropout;
 };
 static FormulaShape formula_shape(const GPTConfig& c, const RunShape& r, const TensorParallelism& tp) {
-    return {r.batch, r.seq_len, c.channels, c.num_heads, tp.size, tp.sequence_parallel || tp.size == 1,
+    return {r.batch,         r.seq_len, c.channels, c.num_heads, tp.size, tp.sequence_parallel || tp.size == 1,
             r.dropout > 0.0f};
 }
 

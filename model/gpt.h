@@ -141,6 +141,8 @@ struct BlockRun {
 // Full recomputation's runs (RecomputeMethod in gpt_config.h); none for the other modes.
 std::vector<BlockRun> recomputed_runs(const RunShape& shape, int num_layers);
 BlockKeeps block_keeps(const RunShape& shape, int num_layers, int layer);
+// "none", "selective", "full (uniform: runs of 2 blocks)", "full (block: the first 3 blocks)"
+std::string recompute_description(const RunShape& shape);
 // How many tables the workspace holds for recomputation: 1 under selective
 // (S', mask and S of the explicit attention; 0 with cuDNN's), the longest run under full.
 int recompute_slots(const GPTConfig& config, const RunShape& shape);
@@ -180,9 +182,10 @@ int64_t block_activation_formula_bytes(int64_t b, int64_t s, int64_t h, int64_t 
 // tables, less the input its first block keeps).
 int64_t saved_blocks_formula_bytes(const GPTConfig& config, const RunShape& shape, const TensorParallelism& tp,
                                    int64_t e);
-int64_t recompute_workspace_formula_bytes(const GPTConfig& config, const RunShape& shape,
-                                          const TensorParallelism& tp, int64_t e);
-// Whether a block's whole table has S' (and at p > 0 its mask and S): the explicit attention, not under selective recomputation.
+int64_t recompute_workspace_formula_bytes(const GPTConfig& config, const RunShape& shape, const TensorParallelism& tp,
+                                          int64_t e);
+// Whether a block's whole table has S' (and at p > 0 its mask and S): the explicit attention, not under selective
+// recomputation.
 bool keeps_attention_scores(const GPTConfig& config, const RunShape& shape);
 // Whether backward recomputes them: the explicit attention under selective recomputation.
 bool recomputes_attention_scores(const GPTConfig& config, const RunShape& shape);

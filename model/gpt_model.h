@@ -118,14 +118,18 @@ std::vector<TensorSpec> outside_activation_table(const GPTConfig& c, const RunSh
                                                  OutsideActivations<Act>* a) {
     Dim b{r.batch, "b"}, s{r.seq_len, "s"}, h{c.channels, "h"};
     Dim s_local = tp.sequence_parallel ? split_dim(r.seq_len, "s", tp.size) : s;
-    return {
-        tensor("embedding_dropout_mask", {s_local, b, h}, &a->embedding_dropout_mask),
+    std::vector<TensorSpec> table;
+    if (r.dropout > 0.0f)
+        table.push_back(tensor("embedding_dropout_mask", {s_local, b, h}, &a->embedding_dropout_mask));
+    const std::vector<TensorSpec> rest = {
         tensor("lnf_in", {s_local, b, h}, &a->lnf_in),
         tensor("lnf_out", {s_local, b, h}, &a->lnf_out),
         tensor("logits", {s, b, split_dim(c.padded_vocab_size, "Vp", tp.size)}, &a->logits),
         tensor("losses", {s, b}, &a->losses),
         tensor("lse", {s, b}, &a->lse),
     };
+    table.insert(table.end(), rest.begin(), rest.end());
+    return table;
 }
 
 // Elements of the replicated parameters (packed for their one all-reduce).
@@ -206,8 +210,8 @@ GPTModel<Backend>::GPTModel(const GPTConfig& c, const RunShape& r, const TensorP
     blocks.resize(config.num_layers);
     std::vector<TensorSpec> activations;
     for (int l = 0; l < config.num_layers; l++) {
-        std::vector<TensorSpec> table =
-            block_activation_table(config, shape, tp, &blocks[l], block_keeps(shape, config.num_layers, l));
+        std::vector<TensorSpec> table = block_activation_table(config, shape, tp, &blocks[l],
+                                                               block_keeps(shape, config.num_layers, l));
         activations.insert(activations.end(), table.begin(), table.end());
     }
     std::vector<TensorSpec> outside_table = outside_activation_table(config, shape, tp, &outside);
@@ -527,8 +531,7 @@ void GPTModel<Backend>::recompute_runs_ending_at(int l) {
     for (const BlockRun& run : recomputed_runs_) {
         if (run.end != l + 1) continue;
         for (int k = run.begin; k < run.end; k++)
-            block_forward(k, k + 1 < run.end ? blocks[k + 1].ln1_in : workspace.local_grad, last_draw_,
-                          last_dropout_);
+            block_forward(k, k + 1 < run.end ? blocks[k + 1].ln1_in : workspace.local_grad, last_draw_, last_dropout_);
     }
 }
 

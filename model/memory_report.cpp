@@ -14,15 +14,6 @@ static std::string mib(int64_t bytes) {
     return buf;
 }
 
-std::string recompute_description(const RunShape& r) {
-    if (r.recompute == Recompute::none) return "none";
-    if (r.recompute == Recompute::selective) return "selective";
-    const int n = r.recompute_layers;
-    if (r.recompute_method == RecomputeMethod::block)
-        return "full (block: the first " + std::to_string(n) + (n == 1 ? " block)" : " blocks)");
-    return "full (uniform: runs of " + std::to_string(n) + (n == 1 ? " block)" : " blocks)");
-}
-
 // docs/design.md §2's formula for one block's whole table; with e = 2 and
 // dropout also in Korthikanti et al.'s form: 34sbh + 5as²b, sbh(34/t +
 // 5as/(ht)), sbh(10 + 24/t + 5as/(ht)). cuDNN's fused attention keeps 4·b·a·s/t
@@ -59,8 +50,9 @@ static const char* verdict(int64_t table, int64_t formula) { return table == for
 // Under full recomputation: which blocks keep what.
 static std::string full_recompute_text(const GPTConfig& c, const RunShape& r, int64_t input_bytes) {
     const std::vector<BlockRun> runs = recomputed_runs(r, c.num_layers);
-    std::string text = "full recomputation: " + std::to_string(runs.size()) + " run(s) of blocks keep only their first " +
-                       "block's input (ln1_in, " + std::to_string(input_bytes) + " bytes each):";
+    std::string text = "full recomputation: " + std::to_string(runs.size()) +
+                       " run(s) of blocks keep only their first " + "block's input (ln1_in, " +
+                       std::to_string(input_bytes) + " bytes each):";
     for (const BlockRun& run : runs) {
         char blocks[32];
         if (run.end - run.begin > 1) std::snprintf(blocks, sizeof blocks, " %d-%d", run.begin, run.end - 1);
@@ -117,7 +109,8 @@ static MemoryReport report(const GPTConfig& c, const RunShape& r, const TensorPa
     m.blocks_bytes = 0;
     for (int l = 0; l < c.num_layers; l++) {
         BlockActivations<Act> kept{};
-        m.blocks_bytes += int64_t(table_bytes(block_activation_table(c, r, tp, &kept, block_keeps(r, c.num_layers, l))));
+        m.blocks_bytes += int64_t(
+            table_bytes(block_activation_table(c, r, tp, &kept, block_keeps(r, c.num_layers, l))));
     }
     m.blocks_formula_bytes = saved_blocks_formula_bytes(c, r, tp, e);
     m.recompute_bytes = 0;

@@ -30,7 +30,4 @@ enum class Device { cpu, cuda };
 // Built from the same tables the GPT constructor lays its arenas out from.
 MemoryReport memory_report(const GPTConfig& config, const RunShape& shape, const TensorParallelism& tp, Device device);
 
-// "none", "selective", "full (uniform, 2 blocks per run)", "full (block, first 3 blocks)"
-std::string recompute_description(const RunShape& shape);
-
 }  // namespace tpsp

@@ -295,13 +295,88 @@ TEST(Memory, EveryRanksTableEqualsItsModesFormula) {
     EXPECT_EQ(tp_only - tp_sp, int64_t(3) * 36 * 64 * 18 * 3 / 4);
 }
 
-TEST(Memory, NothingOutsideTheTableIsKeptAcrossForwardAndBackward) {
-    // Poison the whole workspace between forward and backward: if backward
-    // read anything forward left there, the gradients would change.
+// Every recompute mode with dropout and without, at t = 1, 2, 4 with SP and
+// without, for the CPU's tables (e = 4) and the CUDA backend's (e = 2): each
+// table equals its formula; a few closed forms besides, written out here.
+TEST(Memory, EveryRecomputeModeWithAndWithoutDropoutEqualsItsFormula) {
+    GPTConfig c;
+    c.num_layers = 3, c.num_heads = 8, c.channels = 64, c.max_seq_len = 48, c.vocab_size = 50, c.padded_vocab_size = 64;
+    const int64_t b = 3, s = 48, h = 64, a = 8, L = 3;
+    struct Mode {
+        Recompute recompute;
+        RecomputeMethod method;
+        int layers;
+    };
+    const Mode modes[] = {{Recompute::none, RecomputeMethod::uniform, 1},
+                          {Recompute::selective, RecomputeMethod::uniform, 1},
+                          {Recompute::full, RecomputeMethod::uniform, 1},
+                          {Recompute::full, RecomputeMethod::uniform, 2},
+                          {Recompute::full, RecomputeMethod::block, 2}};
+    for (Device device : {Device::cpu, Device::cuda}) {
+        const int64_t e = device == Device::cuda ? 2 : 4;
+        for (int64_t t : {1, 2, 4}) {
+            for (bool sp : {true, false}) {
+                for (float p : {0.0f, 0.1f}) {
+                    for (const Mode& mode : modes) {
+                        RunShape run{int(b), int(s), p, mode.recompute, mode.method, mode.layers};
+                        const TensorParallelism tp{int(t), 0, sp, {}};
+                        const MemoryReport m = memory_report(c, run, tp, device);
+                        SCOPED_TRACE("e=" + std::to_string(e) + " t=" + std::to_string(t) + " sp=" +
+                                     std::to_string(sp) + " p=" + std::to_string(p) + " " + recompute_description(run));
+                        EXPECT_TRUE(m.equal()) << m.text;
+                        const int64_t rows = (sp || t == 1) ? s / t : s, input = rows * b * h * e;
+                        const bool full = mode.recompute == Recompute::full;
+                        const bool uniform = mode.method == RecomputeMethod::uniform;
+                        if (p == 0.0f && mode.recompute == Recompute::none && t == 1) {  // the form at p = 0
+                            EXPECT_EQ(m.block_bytes, b * s * h * 16 * e + b * a * s * s * e);
+                        }
+                        if (full && uniform && mode.layers == 1) {  // L inputs, one table recomputed
+                            EXPECT_EQ(m.blocks_bytes, L * input);
+                            EXPECT_EQ(m.recompute_bytes, m.block_bytes - input);
+                        }
+                        if (full && uniform && mode.layers == 2) {  // runs 0-1 and 2: two inputs, two tables
+                            EXPECT_EQ(m.blocks_bytes, 2 * input);
+                            EXPECT_EQ(m.recompute_bytes, 2 * m.block_bytes - input);
+                        }
+                        if (full && !uniform) {  // blocks 0 and 1 recomputed, block 2 keeps its table
+                            EXPECT_EQ(m.blocks_bytes, 2 * input + m.block_bytes);
+                        }
+                        if (mode.recompute == Recompute::selective) {
+                            EXPECT_EQ(m.recompute_bytes, b * a * s * s * (p > 0 ? 2 * e + 1 : e) / t);
+                        }
+                        if (p == 0.0f) {
+                            EXPECT_EQ(m.text.find("mask"), std::string::npos);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // the CPU model's own arenas (t = 1): what it keeps, and what recomputation adds to its workspace
+    for (float p : {0.0f, 0.1f}) {
+        RunShape none{int(b), int(s), p};
+        GPT kept(c, none);
+        for (const Mode& mode : modes) {
+            RunShape run{int(b), int(s), p, mode.recompute, mode.method, mode.layers};
+            GPT model(c, run);
+            const MemoryReport m = memory_report(c, run, {}, Device::cpu);
+            EXPECT_EQ(int64_t(model.activation_arena.bytes()), m.blocks_formula_bytes + m.outside_bytes);
+            EXPECT_EQ(int64_t(model.workspace_arena.bytes() - kept.workspace_arena.bytes()), m.recompute_formula_bytes);
+        }
+    }
+}
+
+TEST(Memory, RecomputeLayersOutsideOneToLIsRefused) {
     GPTConfig c = small_config();
-    RunShape shape{2, 7, 0.1f};
-    const int N = 14;
-    std::vector<int> tokens = tokens_for(c, N, 5);
+    EXPECT_THROW(GPT(c, RunShape{2, 7, 0.1f, Recompute::full, RecomputeMethod::uniform, 0}), std::invalid_argument);
+    EXPECT_THROW(GPT(c, RunShape{2, 7, 0.1f, Recompute::full, RecomputeMethod::block, c.num_layers + 1}),
+                 std::invalid_argument);
+}
+
+static void expect_backward_reads_nothing_forward_left_in_the_workspace(const GPTConfig& c, const RunShape& shape,
+                                                                        const std::vector<int>& tokens) {
+    SCOPED_TRACE("dropout " + std::to_string(shape.dropout) + ", recompute " + recompute_description(shape));
+    const int N = shape.batch * shape.seq_len;
     std::vector<float> clean, poisoned;
     for (bool poison : {false, true}) {
         GPT model(c, shape);
@@ -317,6 +392,21 @@ TEST(Memory, NothingOutsideTheTableIsKeptAcrossForwardAndBackward) {
         (poison ? poisoned : clean).assign(model.grads.wte, model.grads.wte + model.num_parameters);
     }
     EXPECT_EQ(clean, poisoned);
+}
+
+TEST(Memory, NothingOutsideTheTableIsKeptAcrossForwardAndBackward) {
+    // Poison the whole workspace between forward and backward: if backward
+    // read anything forward left there, the gradients would change.
+    // Under recomputation the workspace also holds what backward recomputes:
+    // poisoned, it must be written again before it is read.
+    GPTConfig c = small_config();
+    const int N = 14;
+    std::vector<int> tokens = tokens_for(c, N, 5);
+    for (const RunShape& shape :
+         {RunShape{2, 7, 0.1f}, RunShape{2, 7, 0.0f}, RunShape{2, 7, 0.1f, Recompute::selective},
+          RunShape{2, 7, 0.1f, Recompute::full, RecomputeMethod::uniform, 2},
+          RunShape{2, 7, 0.0f, Recompute::full, RecomputeMethod::block, 1}})
+        expect_backward_reads_nothing_forward_left_in_the_workspace(c, shape, tokens);
 }
 
 // ----------------------------------------------------------------------------

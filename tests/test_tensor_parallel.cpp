@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "model/gpt.h"
+#include "model/memory_report.h"
 #include "parallel/communicator.h"
 #include "tests/test_support.h"
 
@@ -185,52 +186,80 @@ TEST(Overlap, EverySwitchAloneAndAllTogetherLeaveTheNumbersUnchanged) {
 // The ring that the overlap schedules will run on: t − 1 hops of sending
 // what one holds to the next rank while receiving from the previous, polled
 // until done, assemble the all-gather.
-// Selective recomputation changes what is kept, never the numbers: with
-// dropout on, the loss and every gradient are the same bits as without it,
-// at t = 1, 2, 4, with SP and without, with overlap off and every switch on;
-// and the arena is the formula without the s² term.
-void compare_selective_with_none(int t, bool sequence_parallel, const OverlapSettings& overlap) {
+// Recomputation changes what is kept, never the numbers: with dropout on,
+// the loss and every gradient are the same bits under selective and full
+// recomputation (uniform runs of 2 and of 1 over 3 blocks, so one run is
+// shorter; the first 2 blocks alone) as without it, at t = 1, 2, 4, with SP
+// and without, with overlap off and every switch on. The arena is the
+// formula of what the mode keeps, and the workspace grows by exactly the
+// formula of what it recomputes into.
+struct RecomputeCase {
+    Recompute recompute;
+    RecomputeMethod method;
+    int layers;
+};
+const RecomputeCase recompute_cases[] = {
+    {Recompute::none, RecomputeMethod::uniform, 1}, {Recompute::selective, RecomputeMethod::uniform, 1},
+    {Recompute::full, RecomputeMethod::uniform, 2}, {Recompute::full, RecomputeMethod::uniform, 1},
+    {Recompute::full, RecomputeMethod::block, 2},
+};
+
+void compare_recompute_modes_with_none(int t, bool sequence_parallel, const OverlapSettings& overlap, float dropout) {
     SCOPED_TRACE("t=" + std::to_string(t) + (sequence_parallel ? " TP+SP" : " TP only") +
-                 (overlap.any() ? " every overlap switch" : ""));
+                 (overlap.any() ? " every overlap switch" : "") + " dropout=" + std::to_string(dropout));
     TpGroup tp_group(t);
     Communicator& group = tp_group.group;
-    const GPTConfig config = tiny_config();
+    GPTConfig config = tiny_config();
+    config.num_layers = 3;
     const int N = shape.batch * shape.seq_len;
     std::vector<int> tokens = tpsp::testing::random_tokens(N, config.vocab_size, 17);
     const TensorParallelism tp{t, group.rank(), sequence_parallel, overlap};
-    std::vector<float> grads[2];
-    float losses[2];
-    for (Recompute recompute : {Recompute::none, Recompute::selective}) {
+    std::vector<float> none_grads;
+    float none_loss = 0.0f;
+    int64_t none_workspace = 0;
+    for (const RecomputeCase& mode : recompute_cases) {
         RunShape run = shape;
-        run.recompute = recompute;
+        run.dropout = dropout;
+        run.recompute = mode.recompute, run.recompute_method = mode.method, run.recompute_layers = mode.layers;
+        SCOPED_TRACE("recompute " + recompute_description(run));
         GPT model(config, run, tp, &group);
         model.init_random(5);
         model.zero_grad();
-        const int i = recompute == Recompute::selective;
-        losses[i] = model.forward(tokens.data(), tokens.data() + 1, {4, 9, 0});
+        const float loss = model.forward(tokens.data(), tokens.data() + 1, {4, 9, 0});
         model.backward(1.0f / N);
         model.reduce_replicated_grads();
-        grads[i].assign(model.grads.wte, model.grads.wte + model.num_parameters);
-        const int64_t formula = block_activation_formula_bytes(shape.batch, shape.seq_len, config.channels,
-                                                               config.num_heads, 4, t, sequence_parallel || t == 1,
-                                                               config.attention, recompute);
         const std::vector<TensorSpec> outside = outside_activation_table(config, run, tp, &model.outside);
-        EXPECT_EQ(int64_t(model.activation_arena.bytes()), config.num_layers * formula + int64_t(table_bytes(outside)));
+        EXPECT_EQ(int64_t(model.activation_arena.bytes()),
+                  saved_blocks_formula_bytes(config, run, tp, 4) + int64_t(table_bytes(outside)));
+        if (mode.recompute == Recompute::none) {
+            none_loss = loss;
+            none_grads.assign(model.grads.wte, model.grads.wte + model.num_parameters);
+            none_workspace = int64_t(model.workspace_arena.bytes());
+            continue;
+        }
+        EXPECT_EQ(int64_t(model.workspace_arena.bytes()) - none_workspace,
+                  recompute_workspace_formula_bytes(config, run, tp, 4));
+        EXPECT_EQ(loss, none_loss);
+        ASSERT_EQ(size_t(model.num_parameters), none_grads.size());
+        EXPECT_EQ(0, std::memcmp(model.grads.wte, none_grads.data(), none_grads.size() * sizeof(float)))
+            << "a gradient differs under recomputation";
     }
-    EXPECT_EQ(losses[1], losses[0]);
-    ASSERT_EQ(grads[1].size(), grads[0].size());
-    EXPECT_EQ(0, std::memcmp(grads[1].data(), grads[0].data(), grads[0].size() * sizeof(float)))
-        << "a gradient differs under selective recomputation";
 }
 
-TEST(Recompute, SelectiveGivesTheSameLossAndGradientsBitForBit) {
-    OverlapSettings every;
-    every.ag = every.rs = every.bulk_dgrad = every.bulk_wgrad = true;
+TEST(Recompute, SelectiveAndFullGiveTheSameLossAndGradientsBitForBit) {
+    OverlapSettings ring;  // every switch, the reduce-scatter as a ring
+    ring.ag = ring.rs = ring.bulk_dgrad = ring.bulk_wgrad = true;
+    OverlapSettings pipelined = ring;  // and as a pipeline, dgrad's reduce-scatter overlapped too
+    pipelined.rs_pipeline = pipelined.rs_dgrad = true;
     for (int t : {1, 2, 4}) {
-        compare_selective_with_none(t, true, {});
-        compare_selective_with_none(t, false, {});
-        if (t > 1) compare_selective_with_none(t, true, every);
+        compare_recompute_modes_with_none(t, true, {}, 0.1f);
+        compare_recompute_modes_with_none(t, false, {}, 0.1f);
+        if (t > 1) {
+            compare_recompute_modes_with_none(t, true, ring, 0.1f);
+            compare_recompute_modes_with_none(t, true, pipelined, 0.1f);
+        }
     }
+    compare_recompute_modes_with_none(2, true, {}, 0.0f);  // no masks, S is S'
 }
 
 TEST(Communicator, ARingOfPointToPointExchangesAllGathers) {

@@ -15,6 +15,7 @@
 #include <regex>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "data/token_shards.h"
@@ -233,18 +234,24 @@ TEST(Trainer, GradientAccumulationEqualsTheLargerBatch) {
         EXPECT_NEAR(std::stod(b[i]), std::stod(a[i]), 1e-5 * std::stod(a[i])) << "step " << i + 1;
 }
 
-TEST(Trainer, SelectiveRecomputationTrainsTheSameLossesBitForBit) {
-    // model.recompute: selective keeps less and recomputes S', its mask and S: the same numbers
-    fs::path kept = scratch_dir() / "kept", recomputed = kept.parent_path() / "recomputed";
+TEST(Trainer, RecomputationTrainsTheSameLossesBitForBit) {
+    // model.recompute: selective and full keep less and compute it again: the same numbers
+    fs::path kept = scratch_dir() / "kept";
     fs::create_directories(kept);
-    fs::create_directories(recomputed);
     const std::string common = "train.steps=5 train.warmup_steps=1 train.val_every=5 model.dropout=0.1 ";
     ASSERT_EQ(run(tiny_train(kept, common), kept).exit_code, 0);
-    Outcome r = run(tiny_train(recomputed, common + "model.recompute=selective"), recomputed);
-    ASSERT_EQ(r.exit_code, 0) << r.err;
-    EXPECT_EQ(field(recomputed / "metrics.jsonl", "loss"), field(kept / "metrics.jsonl", "loss"));
-    EXPECT_EQ(field(recomputed / "metrics.jsonl", "val_loss"), field(kept / "metrics.jsonl", "val_loss"));
-    EXPECT_EQ(field(recomputed / "metrics.jsonl", "loss").size(), 5u);
+    const std::pair<std::string, std::string> modes[] = {{"selective", "model.recompute=selective"},
+                                                         {"full", "model.recompute=full model.recompute_layers=2"}};
+    for (const auto& [name, mode] : modes) {
+        SCOPED_TRACE(mode);
+        fs::path recomputed = kept.parent_path() / name;
+        fs::create_directories(recomputed);
+        Outcome r = run(tiny_train(recomputed, common + mode), recomputed);
+        ASSERT_EQ(r.exit_code, 0) << r.err;
+        EXPECT_EQ(field(recomputed / "metrics.jsonl", "loss"), field(kept / "metrics.jsonl", "loss"));
+        EXPECT_EQ(field(recomputed / "metrics.jsonl", "val_loss"), field(kept / "metrics.jsonl", "val_loss"));
+        EXPECT_EQ(field(recomputed / "metrics.jsonl", "loss").size(), 5u);
+    }
 }
 
 // mpirun is there, and tpsp was built with MPI (not on the single-process stand-in)

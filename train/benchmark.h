@@ -79,13 +79,14 @@ void run_benchmark(const GPTConfig& config, const RunShape& shape, const BenchOp
     const double flops = model_flops_per_token(config, shape.seq_len) * N;
     const char* attention = config.attention == AttentionKernel::cudnn_fused ? "cudnn" : "explicit";
     std::printf(
-        "%-10s %s L=%d h=%d a=%d V=%d b=%d s=%d dropout=%g attention=%s threads=%d | params %.1fM"
+        "%-10s %s L=%d h=%d a=%d V=%d b=%d s=%d dropout=%g attention=%s recompute=%s threads=%d | params %.1fM"
         " | %s %.1f GFLOP/s | fwd+bwd %.1f ms (median of %d, best %.1f) | %.0f tok/s | %.1f GFLOP/s | MFU %.1f%%"
-        " | activations %.1f MiB\n",
+        " | activations %.1f MiB, workspace %.1f MiB\n",
         label, Backend::name, config.num_layers, config.channels, config.num_heads, config.vocab_size, shape.batch,
-        shape.seq_len, shape.dropout, attention, omp_get_max_threads(), model.num_parameters / 1e6,
-        Backend::peak_flops_name(), peak / 1e9, median * 1e3, options.steps, times.front() * 1e3, N / median,
-        flops / median / 1e9, 100.0 * flops / median / peak, model.activation_arena.bytes() / 1048576.0);
+        shape.seq_len, shape.dropout, attention, recompute_description(shape).c_str(), omp_get_max_threads(),
+        model.num_parameters / 1e6, Backend::peak_flops_name(), peak / 1e9, median * 1e3, options.steps,
+        times.front() * 1e3, N / median, flops / median / 1e9, 100.0 * flops / median / peak,
+        model.activation_arena.bytes() / 1048576.0, model.workspace_arena.bytes() / 1048576.0);
     std::printf("%-10s kernels: %s\n", "", Backend::kernels().c_str());
     if (!options.breakdown) return;
     Tracer tracer;

@@ -277,8 +277,8 @@ void validate(const Config& c, const std::string& where) {
              "cuDNN's fused attention needs a head size (model.channels / model.heads) "
              "that is a multiple of 8");
     if (c.model.recompute == "full" && c.model.recompute_layers > c.model.layers)
-        fail("model.recompute_layers", std::to_string(c.model.recompute_layers) + " is more than model.layers = " +
-                                           std::to_string(c.model.layers));
+        fail("model.recompute_layers", std::to_string(c.model.recompute_layers) +
+                                           " is more than model.layers = " + std::to_string(c.model.layers));
     if (c.model.recompute != "full" && (c.model.recompute_method != "uniform" || c.model.recompute_layers != 1))
         fail("model.recompute_method",
              "model.recompute_method and model.recompute_layers choose the blocks of model.recompute: full");
@@ -304,7 +304,10 @@ RunShape Config::run_shape() const {
     const Recompute recompute = model.recompute == "selective" ? Recompute::selective
                                 : model.recompute == "full"    ? Recompute::full
                                                                : Recompute::none;
-    return {train.batch_size, train.seq_len, model.dropout, recompute,
+    return {train.batch_size,
+            train.seq_len,
+            model.dropout,
+            recompute,
             model.recompute_method == "block" ? RecomputeMethod::block : RecomputeMethod::uniform,
             model.recompute_layers};
 }

@@ -20,8 +20,8 @@ struct Config {
         int padded_vocab_size = 0;  // 0: round vocab_size up to a multiple of 128
         int max_seq_len = 0;        // 0: train.seq_len
         float dropout = 0.0f;
-        std::string attention = "explicit";  // explicit | cudnn (cuDNN's fused attention, GPU only)
-        std::string recompute = "none";      // none | selective | full
+        std::string attention = "explicit";        // explicit | cudnn (cuDNN's fused attention, GPU only)
+        std::string recompute = "none";            // none | selective | full
         std::string recompute_method = "uniform";  // uniform | block (full recomputation)
         int recompute_layers = 1;                  // blocks per run (uniform), or recomputed blocks (block)
     } model;

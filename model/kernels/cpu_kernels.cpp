@@ -366,7 +366,7 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
             float* dk = dq + C;
             float* dv = dq + 2 * C;
             const float* d = dout + int64_t(b) * C + h * hs;
-            const float* sp = softmax_out + pair * T * T;                // S'
+            const float* sp = softmax_out + pair * T * T;                 // S'
             const float* s = p > 0.0f ? dropout_out + pair * T * T : sp;  // S
             float* ds = scratch + int64_t(omp_get_thread_num()) * T * T;
             // dV = S^T dO, dS = dO V^T

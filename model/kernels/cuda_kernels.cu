@@ -492,8 +492,8 @@ void attention_forward(bf16* out, bf16* softmax_out, uint8_t* dropout_mask, bf16
     check_launch("softmax_dropout_forward");
     // o [T, hs] = S V, i.e. o^T = V^T S^T (S = S' at p = 0)
     const bf16* scores = p > 0.0f ? dropout_out : softmax_out;
-    batched_gemm(false, false, hs, T, T, 1.0f, v, hs, head_stride, scores, T, score_stride, 0.0f, o, hs,
-                 head_stride, heads);
+    batched_gemm(false, false, hs, T, T, 1.0f, v, hs, head_stride, scores, T, score_stride, 0.0f, o, hs, head_stride,
+                 heads);
     from_head_major(out, o, B, T, C, NH, C, 0);
 }
 
