@@ -134,16 +134,16 @@ TEST_F(CudaKernels, BiasDropoutResidualMatchesCpu) {
         auto y = random_bf16_values(n, 50), residual = random_bf16_values(n, 51), bias = random_vector(C, 52);
         std::vector<float> cpu_y = y, cpu_out(n);
         std::vector<uint8_t> cpu_mask(n);
-        bias_dropout_residual_forward(cpu_out.data(), cpu_mask.data(), cpu_y.data(), residual.data(), bias.data(), box,
-                                      p, key);
+        uint8_t* mask = p > 0.0f ? cpu_mask.data() : nullptr;  // a model without dropout keeps no mask
+        bias_dropout_residual_forward(cpu_out.data(), mask, cpu_y.data(), residual.data(), bias.data(), box, p, key);
 
         auto d_y = device_bf16(y), d_residual = device_bf16(residual);
         DeviceBuffer<float> d_bias(bias);
         DeviceBuffer<bf16> d_out(n);
         DeviceBuffer<uint8_t> d_mask(n);
-        bias_dropout_residual_forward(d_out.data(), d_mask.data(), d_y.data(), d_residual.data(), d_bias.data(), box, p,
-                                      key);
-        EXPECT_EQ(host(d_mask), cpu_mask);
+        bias_dropout_residual_forward(d_out.data(), p > 0.0f ? d_mask.data() : nullptr, d_y.data(), d_residual.data(),
+                                      d_bias.data(), box, p, key);
+        if (p > 0.0f) EXPECT_EQ(host(d_mask), cpu_mask);
         expect_close(host_float(d_out), cpu_out, "residual + dropout(y + bias)");
     }
 }
@@ -284,22 +284,30 @@ TEST_F(CudaKernels, AttentionMatchesCpuWithTheSameMasks) {
         auto qkv = random_bf16_values(int64_t(N) * 3 * C, 19), dout = random_bf16_values(int64_t(N) * C, 20);
         std::vector<float> out(N * C), softmax_out(scores), dropped(scores), dqkv(N * 3 * C), scratch(64 * T * T);
         std::vector<uint8_t> mask(scores);
-        attention_forward(out.data(), softmax_out.data(), mask.data(), dropped.data(), qkv.data(), nullptr, B, T, C, NH,
-                          p, box, key);
-        attention_backward(dqkv.data(), dout.data(), qkv.data(), softmax_out.data(), mask.data(), dropped.data(),
+        // at p = 0 there is no mask and no S: the kernels take null for both
+        const bool dropout = p > 0.0f;
+        uint8_t* mask_at = dropout ? mask.data() : nullptr;
+        float* dropped_at = dropout ? dropped.data() : nullptr;
+        attention_forward(out.data(), softmax_out.data(), mask_at, dropped_at, qkv.data(), nullptr, B, T, C, NH, p, box,
+                          key);
+        attention_backward(dqkv.data(), dout.data(), qkv.data(), softmax_out.data(), mask_at, dropped_at,
                            scratch.data(), B, T, C, NH, p);
 
         auto d_qkv = device_bf16(qkv), d_dout = device_bf16(dout);
         DeviceBuffer<bf16> d_out(N * C), d_softmax(scores), d_dropped(scores), d_dqkv(N * 3 * C),
             d_scratch(cuda_attention_scratch_elements(B, T, C, NH));
         DeviceBuffer<uint8_t> d_mask(scores);
-        attention_forward(d_out.data(), d_softmax.data(), d_mask.data(), d_dropped.data(), d_qkv.data(),
-                          d_scratch.data(), B, T, C, NH, p, box, key);
-        attention_backward(d_dqkv.data(), d_dout.data(), d_qkv.data(), d_softmax.data(), d_mask.data(),
-                           d_dropped.data(), d_scratch.data(), B, T, C, NH, p);
-        EXPECT_EQ(host(d_mask), mask);
+        uint8_t* d_mask_at = dropout ? d_mask.data() : nullptr;
+        bf16* d_dropped_at = dropout ? d_dropped.data() : nullptr;
+        attention_forward(d_out.data(), d_softmax.data(), d_mask_at, d_dropped_at, d_qkv.data(), d_scratch.data(), B, T,
+                          C, NH, p, box, key);
+        attention_backward(d_dqkv.data(), d_dout.data(), d_qkv.data(), d_softmax.data(), d_mask_at, d_dropped_at,
+                           d_scratch.data(), B, T, C, NH, p);
         expect_close(host_float(d_softmax), softmax_out, "softmax out S'", 2e-2);
-        expect_close(host_float(d_dropped), dropped, "dropout out S", 2e-2);
+        if (dropout) {
+            EXPECT_EQ(host(d_mask), mask);
+            expect_close(host_float(d_dropped), dropped, "dropout out S", 2e-2);
+        }
         expect_close(host_float(d_out), out, "attention out", 2e-2);
         expect_close(host_float(d_dqkv), dqkv, "attention dqkv", 3e-2);
     }

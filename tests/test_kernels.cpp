@@ -193,14 +193,17 @@ static void attention_gradient_check(float p) {
     std::vector<float> out(N * C), softmax_out(B * NH * T * T), dropped(B * NH * T * T), dqkv(N * 3 * C, 5.0f);
     std::vector<float> scratch(64 * T * T);
     std::vector<uint8_t> mask(B * NH * T * T);
+    // at p = 0 a model keeps no mask and no S: the kernels take null for both
+    uint8_t* mask_at = p > 0.0f ? mask.data() : nullptr;
+    float* dropped_at = p > 0.0f ? dropped.data() : nullptr;
     auto loss = [&] {
-        attention_forward(out.data(), softmax_out.data(), mask.data(), dropped.data(), qkv.data(), nullptr, B, T, C, NH,
-                          p, box, key);
+        attention_forward(out.data(), softmax_out.data(), mask_at, dropped_at, qkv.data(), nullptr, B, T, C, NH, p, box,
+                          key);
         return weighted_sum(out.data(), dout);
     };
     loss();
-    attention_backward(dqkv.data(), dout.data(), qkv.data(), softmax_out.data(), mask.data(), dropped.data(),
-                       scratch.data(), B, T, C, NH, p);
+    attention_backward(dqkv.data(), dout.data(), qkv.data(), softmax_out.data(), mask_at, dropped_at, scratch.data(), B,
+                       T, C, NH, p);
     EXPECT_LT(gradient_error(loss, qkv.data(), dqkv.data(), N * 3 * C, 1e-2f, 2000), tolerance);
     // causal: nothing above the diagonal, rows of S' sum to 1
     for (int r = 0; r < B * NH * T; r++) {
