@@ -143,7 +143,9 @@ TEST_F(CudaKernels, BiasDropoutResidualMatchesCpu) {
         DeviceBuffer<uint8_t> d_mask(n);
         bias_dropout_residual_forward(d_out.data(), p > 0.0f ? d_mask.data() : nullptr, d_y.data(), d_residual.data(),
                                       d_bias.data(), box, p, key);
-        if (p > 0.0f) EXPECT_EQ(host(d_mask), cpu_mask);
+        if (p > 0.0f) {
+            EXPECT_EQ(host(d_mask), cpu_mask);
+        }
         expect_close(host_float(d_out), cpu_out, "residual + dropout(y + bias)");
     }
 }
