@@ -3,7 +3,6 @@
 // line is valid JSON (a non-finite number is written as null).
 #pragma once
 #include <cmath>
-#include <cstdio>
 #include <string>
 
 #include "parallel/communicator.h"
