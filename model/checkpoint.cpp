@@ -1,5 +1,6 @@
 #include "model/checkpoint.h"
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -73,7 +74,23 @@ void read_checkpoint_shard(const GPTConfig& config, int t, int rank, const std::
     size_t got = std::fread(full.data(), sizeof(float), full.size(), f);
     std::fclose(f);
     if (got != full.size()) throw FileError(path + ": checkpoint is truncated");
+    check_finite_parameters(config, full.data(), path, "the weights");
     copy_parameter_shards(config, t, rank, full.data(), shard, ShardDirection::full_to_shard);
+}
+
+void check_finite_parameters(const GPTConfig& config, const float* full, const std::string& path,
+                             const std::string& what) {
+    ParameterTensors unused{};
+    int64_t offset = 0;
+    for (const TensorSpec& tensor : parameter_table(config, 1, &unused)) {
+        for (int64_t i = 0; i < tensor.elements(); i++) {
+            const float x = full[offset + i];
+            if (std::isfinite(x)) continue;
+            throw FileError(path + ": tensor " + tensor.name + " of " + what + " holds " +
+                            (std::isnan(x) ? "nan" : "inf") + " at element " + std::to_string(i));
+        }
+        offset += tensor.elements();
+    }
 }
 
 void save_checkpoint(const GPTConfig& c, const float* full, const std::string& path) {

@@ -22,6 +22,11 @@ int64_t full_parameter_count(const GPTConfig& config);
 void read_checkpoint_shard(const GPTConfig& config, int t, int rank, const std::string& path, float* shard);
 // Loads this rank's shard of the parameters into a CPU model.
 void load_checkpoint(GPT& model, const std::string& path);
+// Throws a FileError "PATH: tensor NAME of WHAT holds nan at element I" for the
+// first NaN or infinity in `full` (the whole model's parameters, or a
+// tensor of the same shape such as an AdamW moment, in llm.c's order).
+void check_finite_parameters(const GPTConfig& config, const float* full, const std::string& path,
+                             const std::string& what);
 // Writes the whole model's parameters `full` (llm.c order) to PATH.tmp, then
 // renames it to PATH: a crash never leaves half a file.
 void save_checkpoint(const GPTConfig& config, const float* full, const std::string& path);

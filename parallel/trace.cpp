@@ -2,6 +2,8 @@
 
 #include <mpi.h>
 
+#include "common/files.h"
+
 #include <algorithm>
 #include <cstdio>
 #include <ctime>
@@ -35,7 +37,7 @@ std::vector<std::pair<std::string, double>> Tracer::compute_seconds_by_name() co
     return totals;
 }
 
-bool Tracer::write(const std::string& path, int rank, void* comm_ptr) const {
+void Tracer::write(const std::string& path, int rank, void* comm_ptr) const {
     MPI_Comm comm = *static_cast<MPI_Comm*>(comm_ptr);
     std::string json;
     char line[256];
@@ -64,11 +66,11 @@ bool Tracer::write(const std::string& path, int rank, void* comm_ptr) const {
         all.resize(size_t(total));
     }
     MPI_Gatherv(json.data(), length, MPI_CHAR, all.data(), lengths.data(), offsets.data(), MPI_CHAR, 0, comm);
-    if (rank != 0) return true;
-    FILE* f = std::fopen(path.c_str(), "w");
-    if (!f) return false;
-    std::fprintf(f, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n%s\n]}\n", all.c_str() + 2);  // no leading comma
-    return std::fclose(f) == 0;
+    if (rank != 0) return;
+    const std::string head = "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n", tail = "\n]}\n";
+    write_file_atomically(path, {{head.data(), head.size()},
+                                 {all.data() + 2, all.size() - 2},
+                                 {tail.data(), tail.size()}});  // no leading comma
 }
 
 }  // namespace tpsp

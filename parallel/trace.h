@@ -23,8 +23,9 @@ public:
     bool enabled() const { return enabled_; }
     void record(const char* name, Track track, double start, double end);
     // Collective over `comm` (an MPI_Comm* of every rank): rank 0 writes PATH
-    // with every rank's events; false if it could not.
-    bool write(const std::string& path, int rank, void* comm) const;
+    // (atomically) with every rank's events; a FileError on rank 0 if it
+    // could not, after every rank has taken part.
+    void write(const std::string& path, int rank, void* comm) const;
     // Seconds spent in each compute span name, in order of first appearance.
     std::vector<std::pair<std::string, double>> compute_seconds_by_name() const;
 

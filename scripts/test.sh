@@ -44,7 +44,7 @@ build build -j"$jobs"
 phase "unit tests (ctest -L unit)"
 ctest --test-dir build -L unit --output-on-failure -j"$jobs"
 
-phase "the other tests (ctest -LE unit: e2e, mpi, network, gpu)"
+phase "the other tests (ctest -LE unit: e2e, faults, mpi, network, gpu)"
 ctest --test-dir build -LE unit --output-on-failure -j"$jobs"
 
 phase "sanitized build (ASan+UBSan, RelWithDebInfo, CPU only)"

@@ -19,68 +19,10 @@
 #include <vector>
 
 #include "data/token_shards.h"
+#include "tests/e2e_support.h"
 
 namespace fs = std::filesystem;
-
-namespace {
-
-const std::string tpsp_binary = TPSP_BINARY;
-const std::string corpus = TPSP_CORPUS;
-const std::string tiny = std::string(TPSP_SOURCE_DIR) + "/configs/tiny.yaml";
-
-struct Outcome {
-    int exit_code;
-    std::string out, err;
-};
-
-std::string read_text(const fs::path& path) {
-    std::ifstream in(path);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-}
-
-// A fresh directory per test, under the build tree.
-fs::path scratch_dir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    fs::path dir = fs::path(TPSP_SCRATCH) / (std::string(info->test_suite_name()) + "." + info->name());
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-    return dir;
-}
-
-Outcome run(const std::string& args, const fs::path& dir) {
-    fs::path out = dir / "stdout.txt", err = dir / "stderr.txt";
-    std::string command = args + " > " + out.string() + " 2> " + err.string();
-    int status = std::system(command.c_str());
-    Outcome r{WIFEXITED(status) ? WEXITSTATUS(status) : -1, read_text(out), read_text(err)};
-    fs::remove(out);
-    fs::remove(err);
-    return r;
-}
-
-// The tiny config on the prepared corpus, writing into dir.
-std::string tiny_train(const fs::path& dir, const std::string& extra) {
-    return tpsp_binary + " train " + tiny + " data.train='" + corpus + "/train_*.bin' data.val='" + corpus +
-           "/val_*.bin' checkpoint.dir=" + (dir / "ckpt").string() +
-           " logging.metrics=" + (dir / "metrics.jsonl").string() + " train.threads=2 logging.every=1000 " + extra;
-}
-
-// The field `name` of each line of a metrics file that has it, as written
-// (the number's shortest round-trip text). Every line must be valid JSON.
-std::vector<std::string> field(const fs::path& metrics, const std::string& name) {
-    std::vector<std::string> values;
-    std::ifstream in(metrics);
-    for (std::string line; std::getline(in, line);) {
-        const nlohmann::json record = nlohmann::json::parse(line);  // throws on a line that is not JSON
-        if (record.contains(name)) values.push_back(record[name].dump());
-    }
-    return values;
-}
-
-int count_lines(const std::string& text) { return int(std::count(text.begin(), text.end(), '\n')); }
-
-}  // namespace
+using namespace tpsp::e2e;
 
 // Bad input: a non-zero exit, one line on stderr that says what is wrong,
 // and nothing written.
@@ -96,11 +38,6 @@ void expect_clean_failure(const fs::path& dir, const std::string& extra, const s
     EXPECT_NE(r.err.find(says), std::string::npos) << "stderr: " << r.err << "expected: " << says;
     EXPECT_FALSE(fs::exists(dir / "ckpt")) << "a checkpoint directory was left behind";
     EXPECT_FALSE(fs::exists(dir / "metrics.jsonl")) << "a metrics file was left behind";
-}
-
-fs::path write_file(const fs::path& path, const std::string& text) {
-    std::ofstream(path) << text;
-    return path;
 }
 
 }  // namespace

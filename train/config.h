@@ -62,6 +62,8 @@ struct Config {
         std::string dir;  // "" = no checkpoints
         int every = 0;    // 0: only at the end
         std::string init, resume;
+        bool overwrite = false;  // a new run may replace the run already in dir
+        int keep_last = 0;       // 0: keep every checkpoint
     } checkpoint;
     struct Logging {
         int every = 1;

@@ -15,6 +15,7 @@
 #include <omp.h>
 
 #include <CLI/CLI.hpp>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -285,6 +286,11 @@ int report_errors(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+    // A closed stdout (`tpsp train … | head`) or a file-size limit makes a
+    // write fail, as a full disk does, instead of killing the run: printing is
+    // not worth a run, and a file tpsp writes reports its failure in one line.
+    std::signal(SIGPIPE, SIG_IGN);
+    std::signal(SIGXFSZ, SIG_IGN);
     run_with_the_widest_blas_kernels(argv);  // before MPI and the threads start: it may run tpsp again
     MPI_Init(&argc, &argv);
     const int code = report_errors(argc, argv);

@@ -1,22 +1,25 @@
 #include "train/metrics.h"
 
-#include <filesystem>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <nlohmann/json.hpp>
 
-#include "common/errors.h"
+#include "common/files.h"
 
 namespace tpsp {
 
 MetricsFile::~MetricsFile() {
-    if (file_) std::fclose(file_);
+    if (fd_ >= 0) ::close(fd_);
 }
 
 void MetricsFile::open(const std::string& path, bool append) {
-    std::filesystem::path parent = std::filesystem::path(path).parent_path();
-    std::error_code ec;
-    if (!parent.empty()) std::filesystem::create_directories(parent, ec);
-    file_ = std::fopen(path.c_str(), append ? "a" : "w");
-    if (!file_) throw FileError(path + ": cannot open metrics file for writing");
+    check_writable_file(path, "metrics");
+    path_ = path;
+    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | (append ? O_APPEND : O_TRUNC), 0644);
+    if (fd_ < 0) throw FileError(path + ": cannot open metrics file for writing (" + std::strerror(errno) + ")");
 }
 
 void MetricsFile::write(const StepMetrics& m) {
@@ -35,9 +38,20 @@ void MetricsFile::write(const StepMetrics& m) {
         {"exposed_comm_ms", m.comm.exposed * 1e3},
     };
     if (!std::isnan(m.val_loss)) line["val_loss"] = m.val_loss;
-    std::fputs(line.dump().c_str(), file_);
-    std::fputc('\n', file_);
-    std::fflush(file_);
+    const std::string text = line.dump() + "\n";
+    const off_t end = ::lseek(fd_, 0, SEEK_END);
+    size_t written = 0;
+    while (written < text.size()) {
+        const ssize_t n = ::write(fd_, text.data() + written, text.size() - written);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+            const int error = n < 0 ? errno : ENOSPC;
+            const bool whole_lines = end >= 0 && ::ftruncate(fd_, end) == 0;  // drops what was written of it
+            throw FileError(path_ + ": cannot write the metrics of step " + std::to_string(m.step) + " (" +
+                            std::strerror(error) + ")" + (whole_lines ? "" : "; its last line may be cut"));
+        }
+        written += size_t(n);
+    }
 }
 
 }  // namespace tpsp

@@ -3,7 +3,6 @@
 // line is valid JSON (a non-finite number is written as null).
 #pragma once
 #include <cmath>
-#include <cstdio>
 #include <string>
 
 #include "parallel/communicator.h"
@@ -27,14 +26,16 @@ public:
     MetricsFile(const MetricsFile&) = delete;
     MetricsFile& operator=(const MetricsFile&) = delete;
     ~MetricsFile();
-    // Creates the file's folder; appends when resuming. Throws FileError.
+    // Creates the file's directory; appends when resuming. Throws FileError.
     void open(const std::string& path, bool append);
-    bool is_open() const { return file_ != nullptr; }
-    // One line, flushed.
+    bool is_open() const { return fd_ >= 0; }
+    // One line, written whole or not at all: a FileError if it did not
+    // reach the file (disk full), and the file keeps only whole lines.
     void write(const StepMetrics& m);
 
 private:
-    FILE* file_ = nullptr;
+    std::string path_;
+    int fd_ = -1;
 };
 
 }  // namespace tpsp

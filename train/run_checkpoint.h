@@ -10,6 +10,7 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/files.h"
@@ -17,6 +18,7 @@
 #include "model/gpt.h"
 #include "parallel/process_grid.h"
 #include "train/adamw.h"
+#include "train/run_directory.h"
 
 namespace tpsp {
 
@@ -58,35 +60,50 @@ private:
 };
 
 // Saves step `step` into dir: the model file, the state file, then `latest`.
-// Collective over the TP group of dp rank 0; world rank 0 writes.
+// Collective over the TP group of dp rank 0; world rank 0 writes. Weights or
+// moments that are not finite are never written. The writer's first error
+// (a FileError) is thrown after the last gather, so that no rank of the
+// group is left waiting in one.
 template <class Backend>
 void save_run(const std::string& dir, GPTModel<Backend>& model, const AdamWOptimizer<Backend>& opt, ProcessGrid& grid,
               ShardGatherer<Backend>& gatherer, int step, int64_t loader_position) {
     if (grid.dp_rank != 0) return;  // every DP replica holds the same model
     const int64_t n = full_parameter_count(model.config);
-    const bool writer = grid.world_rank == 0;
-    if (writer) {
-        std::error_code ec;
-        std::filesystem::create_directories(dir, ec);
-        if (ec) throw FileError(dir + ": cannot create checkpoint directory (" + ec.message() + ")");
-    }
+    std::string error;
+    auto on_writer = [&](auto&& write) {
+        if (grid.world_rank != 0 || !error.empty()) return;
+        try {
+            write();
+        } catch (const FileError& e) {
+            error = e.what();
+        }
+    };
+    const std::string model_path = step_file(dir, "model", step), state_path = step_file(dir, "state", step);
     const float* params = gatherer.gather(model.params.wte);
-    if (writer) save_checkpoint(model.config, params, step_file(dir, "model", step));
+    on_writer([&] {
+        check_finite_parameters(model.config, params, model_path + ": not written", "the weights");
+        save_checkpoint(model.config, params, model_path);
+    });
     // the moments pass through the gatherer's one buffer in turn
     std::unique_ptr<AtomicFile> state;
-    if (writer) {
-        state = std::make_unique<AtomicFile>(step_file(dir, "state", step));
+    on_writer([&] {
+        state = std::make_unique<AtomicFile>(state_path);
         const int64_t head[4] = {state_magic, step, loader_position, n};
         state->write(head, sizeof head);
-    }
-    for (const float* moment : {opt.m, opt.v}) {
+    });
+    for (const auto& [moment, name] : {std::pair{opt.m, "AdamW's m"}, std::pair{opt.v, "AdamW's v"}}) {
         const float* full = gatherer.gather(moment);
-        if (writer) state->write(full, size_t(n) * 4);
+        on_writer([&] {
+            check_finite_parameters(model.config, full, state_path + ": not written", name);
+            state->write(full, size_t(n) * 4);
+        });
     }
-    if (!writer) return;
-    state->commit();
-    std::string latest = std::to_string(step) + "\n";
-    write_file_atomically(dir + "/latest", {{latest.data(), latest.size()}});  // last: the pair is complete
+    on_writer([&] {
+        state->commit();
+        const std::string latest = std::to_string(step) + "\n";
+        write_file_atomically(dir + "/latest", {{latest.data(), latest.size()}});  // last: the pair is complete
+    });
+    if (!error.empty()) throw FileError(error);
 }
 
 // This rank's shard of a checkpoint's weights, into the model.
@@ -105,10 +122,8 @@ struct ResumedRun {
 // The run saved in dir, at its `latest` step, into the model and optimizer (this rank's shards).
 template <class Backend>
 ResumedRun load_run(const std::string& dir, GPTModel<Backend>& model, AdamWOptimizer<Backend>& opt) {
-    std::ifstream latest(dir + "/latest");
-    int step = -1;
-    if (!(latest >> step) || step < 0)
-        throw FileError(dir + "/latest: missing or unreadable: not a tpsp run directory");
+    const int step = latest_step(dir);
+    if (step < 0) throw FileError(dir + "/latest: missing or unreadable: not a tpsp run directory");
     load_weights(model, step_file(dir, "model", step));
     std::string path = step_file(dir, "state", step);
     const int64_t n = full_parameter_count(model.config);
@@ -123,9 +138,10 @@ ResumedRun load_run(const std::string& dir, GPTModel<Backend>& model, AdamWOptim
     if (head[0] != state_magic || head[1] != step || head[3] != n)
         throw FileError(path + ": not the optimizer state of step " + std::to_string(step) + " of this model");
     std::vector<float> full(static_cast<size_t>(n)), shard(static_cast<size_t>(model.num_parameters));
-    for (float* moment : {opt.m, opt.v}) {
+    for (const auto& [moment, name] : {std::pair{opt.m, "AdamW's m"}, std::pair{opt.v, "AdamW's v"}}) {
         in.read(reinterpret_cast<char*>(full.data()), n * 4);
         if (!in) throw FileError(path + ": optimizer state is truncated");
+        check_finite_parameters(model.config, full.data(), path, name);
         copy_parameter_shards(model.config, model.tp.size, model.tp.rank, full.data(), shard.data(),
                               ShardDirection::full_to_shard);
         Backend::upload(moment, shard.data(), shard.size() * sizeof(float));

@@ -2,9 +2,11 @@
 // steps are the outline of a training run (trainer_impl.h defines them):
 //
 //   set_up()   every rank builds its grid, loaders, model and optimizer and
-//              restores the weights; anything a user got wrong ends here
+//              restores the weights; rank 0 claims the files the run will
+//              write; anything a user got wrong ends here
 //   run()      for each step: train_step(), then log(), and when due
-//              validation_loss(), sample() and save()
+//              validation_loss(), sample() and save(); a non-finite step or
+//              a stop signal ends it early (docs/design.md §7)
 #pragma once
 #include <memory>
 #include <string>
@@ -19,6 +21,7 @@
 #include "train/config.h"
 #include "train/metrics.h"
 #include "train/run_checkpoint.h"
+#include "train/run_directory.h"
 
 namespace tpsp {
 
@@ -29,16 +32,20 @@ public:
     // Collective: true when every rank is ready; else the lowest failing
     // rank has printed its one line and every rank returns false.
     bool set_up();
-    // The step loop, from the restored step to train.steps; returns the exit code.
+    // The step loop, from the restored step to train.steps; returns the exit
+    // code: 0, 1 after an error, 128 + the signal's number after a stop signal.
     int run();
 
 private:
     using Comm = typename Backend::Comm;
-    void build();    // set_up's work on this rank
-    void restore();  // checkpoint.resume, checkpoint.init, or random weights
+    void build();          // set_up's work on this rank
+    void restore();        // checkpoint.resume, checkpoint.init, or random weights
+    void claim_outputs();  // rank 0: the checkpoint directory, metrics and trace, proven writable
     void print_header() const;
     StepMetrics train_step(int step);  // one optimizer step: micro-batches, reductions, clip, AdamW
-    float validation_loss();           // mean over train.val_batches batches of every DP rank
+    int stop_diverged(const StepMetrics& m);
+    int stop_on_signal(int done);
+    float validation_loss();  // mean over train.val_batches batches of every DP rank
     void log(const StepMetrics& m, bool last);
     void sample(int done);  // a short text from the model (rank 0 prints)
     void save(int done);    // checkpoint.dir: model, state, latest
@@ -60,7 +67,10 @@ private:
     std::vector<std::string> token_text_;  // what each token prints as, for samples
     std::vector<int> sample_prompt_;       // a sample's first token
     MetricsFile metrics_;
+    RunDirectory run_dir_;  // checkpoint.dir, locked while the run lasts (rank 0)
     int start_step_ = 0;
+    bool diverged_ = false;  // the last step's loss or gradient norm was not finite, on some rank
+    int stop_signal_ = 0;    // a rank caught SIGTERM or SIGINT (the signal's number)
     int tokens_per_step_ = 0;
     double flops_per_step_ = 0.0;  // model FLOPs of this rank's share of a step
     double peak_flops_ = 0.0;

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <string>
 
@@ -66,6 +67,25 @@ bool on_every_rank(F&& work) {
 
 inline LrSchedule schedule_of(const Config::Train& t) {
     return {t.lr, t.min_lr_ratio, t.warmup_steps, t.steps, t.lr_schedule == "cosine"};
+}
+
+// SIGTERM and SIGINT ask the run to stop after the step it is in, with a
+// checkpoint (docs/design.md §7). The handler only records the signal; each
+// step's agreement reads it. A second one of the same signal ends the
+// process at once, as it would without the handler.
+inline volatile std::sig_atomic_t caught_stop_signal = 0;
+
+inline void catch_stop_signal(int signal) { caught_stop_signal = signal; }
+
+inline const char* stop_signal_name(int signal) { return signal == SIGINT ? "SIGINT" : "SIGTERM"; }
+
+inline void catch_stop_signals() {
+    struct sigaction action = {};
+    action.sa_handler = catch_stop_signal;
+    action.sa_flags = SA_RESETHAND | SA_RESTART;  // system calls in flight go on
+    sigemptyset(&action.sa_mask);
+    sigaction(SIGTERM, &action, nullptr);
+    sigaction(SIGINT, &action, nullptr);
 }
 
 // Which GPU this rank drives: its rank on the node (0 without a launcher
@@ -130,12 +150,17 @@ void Trainer<Backend>::build() {
         sampler_ = std::make_unique<Generator>(gpt_, gatherer_->full());
     }
     restore();
-    if (grid_.world_rank == 0 && !cfg_.logging.metrics.empty()) metrics_.open(cfg_.logging.metrics, start_step_ > 0);
+    if (grid_.world_rank == 0) claim_outputs();
 }
 
 template <class Backend>
 void Trainer<Backend>::restore() {
     if (!cfg_.checkpoint.resume.empty()) {
+        const int saved = latest_step(cfg_.checkpoint.resume);
+        if (saved >= cfg_.train.steps)
+            throw ConfigError("train.steps: " + std::to_string(cfg_.train.steps) + " is not above step " +
+                              std::to_string(saved) + ", where " + cfg_.checkpoint.resume +
+                              " was saved: nothing to train (raise train.steps)");
         const ResumedRun resumed = load_run(cfg_.checkpoint.resume, *model_, *optimizer_);
         start_step_ = resumed.step;
         train_loader_->seek(resumed.loader_position);
@@ -144,6 +169,18 @@ void Trainer<Backend>::restore() {
     } else {
         model_->init_random(cfg_.train.seed);
     }
+}
+
+// Every file the run will write is proven writable before step 1, and the
+// checkpoint directory becomes this run's (locked, checked, cleaned): a
+// mistake here costs nothing, after a week of training it would cost the week.
+template <class Backend>
+void Trainer<Backend>::claim_outputs() {
+    if (!cfg_.logging.metrics.empty()) check_writable_file(cfg_.logging.metrics, "metrics");
+    if (!cfg_.logging.trace.empty()) check_writable_file(cfg_.logging.trace, "trace");
+    if (!cfg_.checkpoint.dir.empty())
+        run_dir_.claim(cfg_.checkpoint.dir, cfg_.checkpoint.resume, cfg_.checkpoint.overwrite);
+    if (!cfg_.logging.metrics.empty()) metrics_.open(cfg_.logging.metrics, start_step_ > 0);
 }
 
 template <class Backend>
@@ -176,21 +213,60 @@ void Trainer<Backend>::print_header() const {
     std::fflush(stdout);
 }
 
+// Each step's outcome is agreed by every rank (train_step), and every error
+// after it (a metrics, checkpoint or trace file that cannot be written) ends
+// every rank together, with one line from the lowest failing rank.
 template <class Backend>
 int Trainer<Backend>::run() {
+    trainer_detail::catch_stop_signals();
     for (int step = start_step_; step < cfg_.train.steps; step++) {
         if (step - start_step_ == cfg_.logging.trace_steps) tracer_.disable();
         StepMetrics m = train_step(step);
+        if (diverged_) return stop_diverged(m);
         const int done = step + 1;
         const bool last = done == cfg_.train.steps;
+        const bool stopping = stop_signal_ != 0 && !last;
         if (val_loader_ && (done % cfg_.train.val_every == 0 || last)) m.val_loss = validation_loss();
-        log(m, last);
+        if (!trainer_detail::on_every_rank([&] { log(m, last); })) return 1;
         if (cfg_.logging.sample_every > 0 && (done % cfg_.logging.sample_every == 0 || last)) sample(done);
-        if (!cfg_.checkpoint.dir.empty() && (last || (cfg_.checkpoint.every > 0 && done % cfg_.checkpoint.every == 0)))
-            save(done);
+        const bool save_due = last || stopping || (cfg_.checkpoint.every > 0 && done % cfg_.checkpoint.every == 0);
+        if (!cfg_.checkpoint.dir.empty() && save_due && !trainer_detail::on_every_rank([&] { save(done); })) return 1;
+        if (stopping) return stop_on_signal(done);
     }
-    write_trace();
-    return 0;
+    return trainer_detail::on_every_rank([&] { write_trace(); }) ? 0 : 1;
+}
+
+// A step whose loss or gradient norm was not finite was not applied
+// (train_step) and is not saved: the weights and the checkpoints stay those of
+// the step before. The metrics record it (null for nan), and the run stops.
+template <class Backend>
+int Trainer<Backend>::stop_diverged(const StepMetrics& m) {
+    if (!trainer_detail::on_every_rank([&] { log(m, true); })) return 1;
+    auto text = [](double x) {
+        char number[32];
+        std::snprintf(number, sizeof number, "%g", x);
+        return std::string(std::isnan(x) ? "nan" : number);  // not "-nan"
+    };
+    if (grid_.world_rank == 0)
+        std::fprintf(stderr,
+                     "tpsp: error: step %d: the loss is %s and the gradient norm %s: the step was not applied and "
+                     "is not saved (train.lr too high?)\n",
+                     m.step, text(m.loss).c_str(), text(m.grad_norm).c_str());
+    return 1;
+}
+
+// After SIGTERM or SIGINT: the step is done and saved (run), the trace written.
+template <class Backend>
+int Trainer<Backend>::stop_on_signal(int done) {
+    if (!trainer_detail::on_every_rank([&] { write_trace(); })) return 1;
+    if (grid_.world_rank == 0) {
+        const std::string saved = cfg_.checkpoint.dir.empty()
+                                      ? "nothing saved (no checkpoint.dir)"
+                                      : "saved; continue with checkpoint.resume=" + cfg_.checkpoint.dir;
+        std::fprintf(stderr, "tpsp: stopped by %s after step %d: %s\n", trainer_detail::stop_signal_name(stop_signal_),
+                     done, saved.c_str());
+    }
+    return 128 + stop_signal_;
 }
 
 // One optimizer step over train.grad_accum micro-batches of every DP rank:
@@ -220,9 +296,14 @@ StepMetrics Trainer<Backend>::train_step(int step) {
     model.grad_square_sums(&norm_parts[0], &norm_parts[1]);
     tp_comm_->all_reduce_sum(&norm_parts[0], 1);  // shards add up; replicated tensors count once
     const float norm = float(std::sqrt(norm_parts[0] + norm_parts[1]));
+    // every rank decides alike: a non-finite step is not applied; a caught signal stops the run after this step
+    int verdict[2] = {std::isfinite(loss) && std::isfinite(norm) ? 0 : 1, int(trainer_detail::caught_stop_signal)};
+    MPI_Allreduce(MPI_IN_PLACE, verdict, 2, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    diverged_ = verdict[0] != 0;
+    stop_signal_ = verdict[1];
     const float clip = cfg_.train.grad_clip > 0 && norm > cfg_.train.grad_clip ? cfg_.train.grad_clip / norm : 1.0f;
     const float lr = schedule_.at(step);
-    optimizer_->update(model, lr, clip, step + 1);
+    if (!diverged_) optimizer_->update(model, lr, clip, step + 1);
     Backend::synchronize();
     const double seconds = trainer_detail::seconds_since(start);
     tracer_.record("step", Track::compute, now_seconds() - seconds, now_seconds());
@@ -281,7 +362,9 @@ void Trainer<Backend>::sample(int done) {
 template <class Backend>
 void Trainer<Backend>::save(int done) {
     save_run(cfg_.checkpoint.dir, *model_, *optimizer_, grid_, *gatherer_, done, train_loader_->position());
-    if (grid_.world_rank == 0) std::printf("saved %s\n", step_file(cfg_.checkpoint.dir, "model", done).c_str());
+    if (grid_.world_rank != 0) return;
+    run_dir_.prune(cfg_.checkpoint.keep_last);
+    std::printf("saved %s\n", step_file(cfg_.checkpoint.dir, "model", done).c_str());
 }
 
 template <class Backend>
@@ -289,10 +372,9 @@ void Trainer<Backend>::write_trace() {
     if (cfg_.logging.trace.empty()) return;
     tracer_.disable();
     MPI_Comm world = MPI_COMM_WORLD;
-    const bool lead = grid_.world_rank == 0;
-    if (!tracer_.write(cfg_.logging.trace, grid_.world_rank, &world) && lead)
-        std::fprintf(stderr, "tpsp: error: %s: cannot write the trace\n", cfg_.logging.trace.c_str());
-    else if (lead) std::printf("wrote %s (a Chrome trace: open it in Perfetto)\n", cfg_.logging.trace.c_str());
+    tracer_.write(cfg_.logging.trace, grid_.world_rank, &world);  // throws on rank 0 if it could not
+    if (grid_.world_rank == 0)
+        std::printf("wrote %s (a Chrome trace: open it in Perfetto)\n", cfg_.logging.trace.c_str());
 }
 
 }  // namespace tpsp

@@ -1,0 +1,422 @@
+// Faults: what a run trusted with a week of compute meets, each provoked on
+// purpose against the tpsp executable on the corpus (docs/design.md §7).
+// Every case checks the exit status, the one line that says what happened,
+// that the run ended within a bound where it could have hung, and that no
+// earlier good file was damaged.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/e2e_support.h"
+
+namespace fs = std::filesystem;
+using namespace tpsp::e2e;
+
+namespace {
+
+// Small steps: a few milliseconds each on one thread.
+const std::string fast = "train.batch_size=4 train.seq_len=64 train.val_every=0 train.threads=1 ";
+
+// A command that could hang is given this long before `timeout` ends it (exit 124).
+const std::string bounded = "timeout -k 5 60 ";
+
+const std::string mpi_env =
+    "env OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_pml=ob1 ";
+
+bool have_mpirun() { return TPSP_BUILT_WITH_MPI && std::system("command -v mpirun > /dev/null 2>&1") == 0; }
+
+// The lines tpsp itself printed on stderr (not mpirun's summary).
+std::string tpsp_lines(const std::string& err) {
+    std::string own;
+    std::istringstream lines(err);
+    for (std::string line; std::getline(lines, line);)
+        if (line.rfind("tpsp", 0) == 0) own += line + "\n";
+    return own;
+}
+
+void expect_one_line(const Outcome& r, const std::string& says) {
+    EXPECT_EQ(count_lines(tpsp_lines(r.err)), 1) << r.err;
+    EXPECT_NE(r.err.find(says), std::string::npos) << "stderr: " << r.err << "expected: " << says;
+}
+
+void expect_ended_in_time(const Outcome& r) {
+    EXPECT_NE(r.exit_code, 124) << "the run hung until timeout ended it";
+    EXPECT_NE(r.exit_code, 137) << "the run hung until timeout killed it";
+}
+
+// Every file of a directory with its bytes: what "nothing was damaged" compares.
+std::map<std::string, std::string> contents(const fs::path& dir) {
+    std::map<std::string, std::string> files;
+    for (const fs::directory_entry& entry : fs::directory_iterator(dir))
+        if (entry.path().filename() != "lock") files[entry.path().filename().string()] = read_text(entry.path());
+    return files;
+}
+
+std::vector<std::string> names_in(const fs::path& dir) {
+    std::vector<std::string> names;
+    for (const fs::directory_entry& entry : fs::directory_iterator(dir)) names.push_back(entry.path().filename());
+    std::sort(names.begin(), names.end());
+    return names;
+}
+
+bool holds_a_temporary(const fs::path& dir) {
+    for (const std::string& name : names_in(dir))
+        if (name.find(".tmp") != std::string::npos) return true;
+    return false;
+}
+
+// A float written over element `index` of a file's data after `header` bytes.
+void poison(const fs::path& file, int64_t header, int64_t index, float value) {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(header + index * 4);
+    f.write(reinterpret_cast<const char*>(&value), 4);
+}
+
+// A command running in the background (sh -c "exec COMMAND", so the pid is
+// the command's), its stdout and stderr in files of `dir`.
+class Background {
+public:
+    Background(const std::string& command, const fs::path& dir) : out_(dir / "bg_out.txt"), err_(dir / "bg_err.txt") {
+        pid_ = fork();
+        if (pid_ == 0) {
+            const int out = open(out_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+            const int err = open(err_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+            dup2(out, 1);
+            dup2(err, 2);
+            const std::string exec = "exec " + command;
+            execl("/bin/sh", "sh", "-c", exec.c_str(), (char*)nullptr);
+            _exit(127);
+        }
+    }
+    ~Background() {
+        if (running()) kill(pid_, SIGKILL), wait(5);
+    }
+    pid_t pid() const { return pid_; }
+    bool running() const { return exit_code_ == not_ended; }
+    std::string out() const { return read_text(out_); }
+    std::string err() const { return read_text(err_); }
+
+    // Whether stdout came to hold `text` within `seconds`, the command still running.
+    bool wait_for_output(const std::string& text, double seconds) {
+        for (auto start = now(); poll() && since(start) < seconds;
+             std::this_thread::sleep_for(std::chrono::milliseconds(50)))
+            if (out().find(text) != std::string::npos) return true;
+        return false;
+    }
+    // The exit code, or -1 if the command had not ended within `seconds` (it is then killed).
+    int wait(double seconds) {
+        for (auto start = now(); poll() && since(start) < seconds;
+             std::this_thread::sleep_for(std::chrono::milliseconds(50))) {
+        }
+        if (!running()) return exit_code_;
+        kill(pid_, SIGKILL);
+        waitpid(pid_, nullptr, 0);
+        exit_code_ = -1;
+        return -1;
+    }
+
+private:
+    static constexpr int not_ended = -1000;
+    // Whether the command is still running (it may just have ended).
+    bool poll() {
+        int status = 0;
+        if (running() && waitpid(pid_, &status, WNOHANG) == pid_)
+            exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : -2;
+        return running();
+    }
+    static std::chrono::steady_clock::time_point now() { return std::chrono::steady_clock::now(); }
+    static double since(std::chrono::steady_clock::time_point start) {
+        return std::chrono::duration<double>(now() - start).count();
+    }
+    fs::path out_, err_;
+    pid_t pid_ = -1;
+    int exit_code_ = not_ended;
+};
+
+}  // namespace
+
+// ----------------------------------------------------------------------------
+// preflight: every path the run will write is proven writable before step 1
+
+TEST(Faults, AnUnwritableOutputIsOneLineBeforeAnyTraining) {
+    fs::path dir = scratch_dir();
+    const fs::path file = write_file(dir / "a_file", "not a directory\n");
+    const std::vector<std::pair<std::string, std::string>> cases = {
+        {"checkpoint.dir=" + file.string(), "a_file: cannot create the checkpoint directory"},
+        {"checkpoint.dir=" + (file / "sub").string(), "a_file/sub: cannot create the checkpoint directory"},
+        {"checkpoint.dir=" + (dir / std::string(300, 'x')).string(), "File name too long"},
+        {"checkpoint.dir=/proc/tpsp_faults", "/proc/tpsp_faults: cannot create the checkpoint directory"},
+        {"logging.metrics=" + (file / "metrics.jsonl").string(), "cannot create the metrics directory"},
+        {"logging.metrics=/dev/full", "/dev/full: the metrics file must be a regular file"},
+        {"logging.trace=" + (file / "trace.json").string(), "cannot create the trace directory"},
+    };
+    for (const auto& [setting, says] : cases) {
+        SCOPED_TRACE(setting);
+        Outcome r = run(bounded + tiny_train(dir, fast + "train.steps=3 " + setting), dir);
+        EXPECT_EQ(r.exit_code, 1);
+        expect_one_line(r, says);
+        EXPECT_EQ(r.out.find("step "), std::string::npos) << "it trained: " << r.out;
+        EXPECT_FALSE(fs::exists(dir / "ckpt")) << "a checkpoint directory was made";
+        EXPECT_FALSE(fs::exists(dir / "metrics.jsonl")) << "a metrics file was made";
+    }
+    EXPECT_EQ(read_text(file), "not a directory\n");
+}
+
+TEST(Faults, AnUnwritableCheckpointDirectoryUnderMpirunIsOneLineAndEveryRankExits) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not installed, or tpsp built without MPI";
+    fs::path dir = scratch_dir();
+    const fs::path file = write_file(dir / "a_file", "x");
+    Outcome r = run(mpi_env + bounded + "mpirun --oversubscribe -np 2 " +
+                        tiny_train(dir, fast + "parallel.tp=2 checkpoint.dir=" + (file / "sub").string()),
+                    dir);
+    EXPECT_NE(r.exit_code, 0);
+    expect_ended_in_time(r);
+    expect_one_line(r, "tpsp: rank 0: error: " + (file / "sub").string() + ": cannot create the checkpoint directory");
+}
+
+// ----------------------------------------------------------------------------
+// non-finite numbers: never applied, never saved, never loaded
+
+TEST(Faults, ADivergingRunStopsAtTheStepWithoutApplyingOrSavingIt) {
+    fs::path dir = scratch_dir();
+    Outcome r = run(bounded + tiny_train(dir, "train.lr=1e6 train.steps=30 train.val_every=0 checkpoint.every=1"), dir);
+    EXPECT_EQ(r.exit_code, 1);
+    expect_ended_in_time(r);
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(r.err, m,
+                                  std::regex("step ([0-9]+): the loss is \\S+ and the gradient norm \\S+: "
+                                             "the step was not applied and is not saved")))
+        << r.err;
+    expect_one_line(r, "tpsp: error: step ");
+    const int bad = std::stoi(m[1]);
+    ASSERT_GE(bad, 2) << "step 1 of a fresh model is finite";
+    EXPECT_EQ(read_text(dir / "ckpt" / "latest"), std::to_string(bad - 1) + "\n") << "latest moved";
+    char name[32];
+    std::snprintf(name, sizeof name, "model_%08d.bin", bad);
+    EXPECT_FALSE(fs::exists(dir / "ckpt" / name)) << "the non-finite step was saved";
+    // the metrics are JSON lines (field() parses every one), the last one the bad step with a null
+    std::vector<std::string> norms = field(dir / "metrics.jsonl", "grad_norm"),
+                             losses = field(dir / "metrics.jsonl", "loss");
+    ASSERT_EQ(int(norms.size()), bad);
+    EXPECT_TRUE(norms.back() == "null" || losses.back() == "null") << norms.back() << " " << losses.back();
+    // the checkpoint latest names loads: its weights are finite
+    std::snprintf(name, sizeof name, "model_%08d.bin", bad - 1);
+    Outcome eval = run(bounded + tpsp_binary + " eval " + tiny + " data.val='" + corpus +
+                           "/val_*.bin' train.val_batches=1 checkpoint.init=" + (dir / "ckpt" / name).string(),
+                       dir);
+    EXPECT_EQ(eval.exit_code, 0) << eval.err;
+}
+
+TEST(Faults, ANonFiniteNumberInALoadedFileIsOneLineNamingTheFileAndTensor) {
+    fs::path dir = scratch_dir(), source = dir / "source";
+    fs::create_directories(source);
+    ASSERT_EQ(run(tiny_train(source, fast + "train.steps=1"), source).exit_code, 0);
+    const fs::path good = source / "ckpt" / "model_00000001.bin";
+    const fs::path nan_weights = dir / "nan_weights.bin", inf_weights = dir / "inf_weights.bin";
+    fs::copy_file(good, nan_weights);
+    fs::copy_file(good, inf_weights);
+    poison(nan_weights, 1024, 0, NAN);
+    poison(inf_weights, 1024, int64_t(fs::file_size(good) - 1024) / 4 - 1, INFINITY);  // lnfb's last element
+    const std::string nan_says = "nan_weights.bin: tensor wte of the weights holds nan at element 0";
+    const std::string val = " data.val='" + corpus + "/val_*.bin' ";
+
+    Outcome r = run(bounded + tiny_train(dir, fast + "train.steps=2 checkpoint.init=" + nan_weights.string()), dir);
+    EXPECT_EQ(r.exit_code, 1);
+    expect_one_line(r, nan_says);
+    r = run(bounded + tiny_train(dir, fast + "train.steps=2 checkpoint.init=" + inf_weights.string()), dir);
+    EXPECT_EQ(r.exit_code, 1);
+    expect_one_line(r, "inf_weights.bin: tensor lnfb of the weights holds inf at element 127");
+    r = run(bounded + tpsp_binary + " eval " + tiny + val + fast + "checkpoint.init=" + nan_weights.string(), dir);
+    EXPECT_EQ(r.exit_code, 1);
+    expect_one_line(r, nan_says);
+    r = run(bounded + tpsp_binary + " sample " + nan_weights.string() + " --tokens 5", dir);
+    EXPECT_EQ(r.exit_code, 1);
+    expect_one_line(r, nan_says);
+    // AdamW's moments, on resume
+    const fs::path run_copy = dir / "copy";
+    fs::copy(source / "ckpt", run_copy);
+    poison(run_copy / "state_00000001.bin", 32, 5, NAN);
+    r = run(bounded + tiny_train(dir, fast + "train.steps=2 checkpoint.dir=" + run_copy.string() +
+                                          " checkpoint.resume=" + run_copy.string()),
+            dir);
+    EXPECT_EQ(r.exit_code, 1);
+    expect_one_line(r, "state_00000001.bin: tensor wte of AdamW's m holds nan at element 5");
+    EXPECT_FALSE(fs::exists(dir / "ckpt")) << "a checkpoint directory was made";
+    EXPECT_FALSE(fs::exists(dir / "metrics.jsonl")) << "a metrics file was made";
+}
+
+// ----------------------------------------------------------------------------
+// the run directory: one trainer, no run started over another by mistake
+
+TEST(Faults, ASecondTrainerIsRefusedAndSigtermSavesAndStopsTheFirst) {
+    fs::path dir = scratch_dir(), second = dir / "second";
+    fs::create_directories(second);
+    Background first(tiny_train(dir, fast + "train.steps=1000000 logging.every=1"), dir);
+    ASSERT_TRUE(first.wait_for_output("data: ", 60)) << first.err();  // set up: the directory is claimed
+
+    Outcome refused = run(
+        bounded + tiny_train(second, fast + "train.steps=3 checkpoint.dir=" + (dir / "ckpt").string()), second);
+    EXPECT_EQ(refused.exit_code, 1);
+    expect_one_line(refused, "ckpt: another tpsp trainer is running in this checkpoint directory");
+
+    ASSERT_TRUE(first.wait_for_output("step     2/", 60)) << first.err();
+    kill(first.pid(), SIGTERM);
+    EXPECT_EQ(first.wait(60), 128 + SIGTERM) << first.err();
+    std::smatch m;
+    const std::string err = first.err();
+    ASSERT_TRUE(std::regex_search(err, m,
+                                  std::regex("tpsp: stopped by SIGTERM after step ([0-9]+): saved; continue "
+                                             "with checkpoint.resume=")))
+        << err;
+    const int stopped = std::stoi(m[1]);
+    EXPECT_EQ(read_text(dir / "ckpt" / "latest"), std::to_string(stopped) + "\n");
+    EXPECT_EQ(int(field(dir / "metrics.jsonl", "loss").size()), stopped);
+
+    // and the run goes on from there
+    Outcome resumed = run(bounded + tiny_train(dir, fast + "train.steps=" + std::to_string(stopped + 2) +
+                                                        " checkpoint.resume=" + (dir / "ckpt").string()),
+                          dir);
+    EXPECT_EQ(resumed.exit_code, 0) << resumed.err;
+    EXPECT_EQ(int(field(dir / "metrics.jsonl", "loss").size()), stopped + 2);
+}
+
+TEST(Faults, SigintWithoutACheckpointDirectoryStopsAndSaysNothingWasSaved) {
+    fs::path dir = scratch_dir();
+    Background job(tiny_train(dir, fast + "train.steps=1000000 logging.every=1 checkpoint.dir="), dir);
+    ASSERT_TRUE(job.wait_for_output("step     2/", 60)) << job.err();
+    kill(job.pid(), SIGINT);
+    EXPECT_EQ(job.wait(60), 128 + SIGINT) << job.err();
+    EXPECT_NE(job.err().find("tpsp: stopped by SIGINT after step"), std::string::npos) << job.err();
+    EXPECT_NE(job.err().find("nothing saved (no checkpoint.dir)"), std::string::npos) << job.err();
+    EXPECT_GE(field(dir / "metrics.jsonl", "loss").size(), 2u);
+}
+
+TEST(Faults, SigtermToOneRankStopsAndSavesOnEveryRank) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not installed, or tpsp built without MPI";
+    fs::path dir = scratch_dir();
+    // each rank's pid, to signal one of them as a scheduler would signal a node
+    fs::path wrapper = write_file(dir / "pid.sh", "#!/bin/bash\necho $$ > \"$0.$OMPI_COMM_WORLD_RANK\"\nexec \"$@\"\n");
+    fs::permissions(wrapper, fs::perms::owner_all);
+    Background job(mpi_env + "mpirun --oversubscribe -np 2 " + wrapper.string() + " " +
+                       tiny_train(dir, fast + "parallel.tp=2 train.steps=1000000 logging.every=1"),
+                   dir);
+    ASSERT_TRUE(job.wait_for_output("step     2/", 60)) << job.err();
+    const int rank_1 = std::stoi(read_text(wrapper.string() + ".1"));
+    kill(rank_1, SIGTERM);
+    EXPECT_EQ(job.wait(60), 128 + SIGTERM) << job.err();
+    std::smatch m;
+    const std::string err = job.err();
+    ASSERT_TRUE(std::regex_search(err, m, std::regex("tpsp: stopped by SIGTERM after step ([0-9]+): saved"))) << err;
+    EXPECT_EQ(read_text(dir / "ckpt" / "latest"), std::string(m[1]) + "\n");
+    EXPECT_FALSE(holds_a_temporary(dir / "ckpt"));
+}
+
+TEST(Faults, AClosedStdoutDoesNotStopTheRun) {
+    fs::path dir = scratch_dir();
+    Outcome r = run(bounded + "bash -c '" + tiny_train(dir, fast + "train.steps=40 logging.every=1") +
+                        " | head -n 1; exit ${PIPESTATUS[0]}'",
+                    dir);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(read_text(dir / "ckpt" / "latest"), "40\n");
+}
+
+TEST(Faults, ADirectoryThatHoldsARunIsNotStartedOverByMistake) {
+    fs::path dir = scratch_dir();
+    ASSERT_EQ(run(tiny_train(dir, fast + "train.steps=2"), dir).exit_code, 0);
+    const auto before = contents(dir / "ckpt");
+    const std::string resume = " checkpoint.resume=" + (dir / "ckpt").string();
+    const std::vector<std::pair<std::string, std::string>> refused = {
+        {"train.steps=4", "ckpt already holds a run (latest step 2): continue it with checkpoint.resume="},
+        {"train.steps=2" + resume, "train.steps: 2 is not above step 2, where"},
+        {"train.steps=1" + resume, "train.steps: 1 is not above step 2, where"},
+        {"train.steps=4 checkpoint.overwrite=true" + resume, "checkpoint.overwrite: checkpoint.resume continues"},
+    };
+    for (const auto& [setting, says] : refused) {
+        SCOPED_TRACE(setting);
+        Outcome r = run(bounded + tiny_train(dir, fast + setting), dir);
+        EXPECT_EQ(r.exit_code, 1);
+        expect_one_line(r, says);
+        EXPECT_EQ(contents(dir / "ckpt"), before) << "a refused run changed the run directory";
+    }
+    Outcome r = run(bounded + tiny_train(dir, fast + "train.steps=1 checkpoint.overwrite=true"), dir);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(names_in(dir / "ckpt"),
+              (std::vector<std::string>{"latest", "lock", "model_00000001.bin", "state_00000001.bin"}));
+}
+
+TEST(Faults, StaleTemporariesAreRemovedAndKeepLastPrunesOlderCheckpoints) {
+    fs::path dir = scratch_dir();
+    fs::create_directories(dir / "ckpt");
+    write_file(dir / "ckpt" / "model_00000007.bin.tmp.12345", "a crashed writer's");
+    write_file(dir / "ckpt" / "latest.tmp", "an older tpsp's");
+    Outcome r = run(bounded + tiny_train(dir, fast + "train.steps=5 checkpoint.every=1 checkpoint.keep_last=2"), dir);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(names_in(dir / "ckpt"),
+              (std::vector<std::string>{"latest", "lock", "model_00000004.bin", "model_00000005.bin",
+                                        "state_00000004.bin", "state_00000005.bin"}));
+    EXPECT_EQ(read_text(dir / "ckpt" / "latest"), "5\n");
+}
+
+// ----------------------------------------------------------------------------
+// writes that fail (a file-size limit stands in for a full disk)
+
+// Without a launcher, MPI_Init starts a helper daemon (orted) that would
+// inherit the limit and fail its own writes; an isolated singleton starts none.
+const std::string limited = "OMPI_MCA_ess_singleton_isolated=1 ";
+
+TEST(Faults, AFailedMetricsWriteIsOneLineAndTheFileKeepsWholeLines) {
+    fs::path dir = scratch_dir();
+    Outcome r = run(limited + bounded + "bash -c 'ulimit -f 4; exec " +
+                        tiny_train(dir, fast + "train.steps=200 checkpoint.dir=") + "'",
+                    dir);
+    EXPECT_EQ(r.exit_code, 1);
+    expect_ended_in_time(r);
+    expect_one_line(r, "metrics.jsonl: cannot write the metrics of step");
+    const size_t lines = field(dir / "metrics.jsonl", "loss").size();  // throws on a cut line
+    EXPECT_GE(lines, 1u);
+    EXPECT_LT(lines, 200u);
+}
+
+TEST(Faults, AFailedTraceWriteIsOneLineAndNeverSaysWrote) {
+    fs::path dir = scratch_dir();
+    Outcome r = run(limited + bounded + "bash -c 'ulimit -f 2; exec " +
+                        tiny_train(dir, fast + "train.steps=2 checkpoint.dir= logging.metrics= logging.trace=" +
+                                            (dir / "trace.json").string()) +
+                        "'",
+                    dir);
+    EXPECT_EQ(r.exit_code, 1);
+    expect_one_line(r, "trace.json.tmp.");
+    EXPECT_EQ(r.out.find("wrote"), std::string::npos) << r.out;
+    EXPECT_FALSE(fs::exists(dir / "trace.json")) << "a broken trace was left";
+    EXPECT_FALSE(holds_a_temporary(dir));
+}
+
+TEST(Faults, AFailedSaveLeavesTheLastCheckpointAsItWas) {
+    fs::path dir = scratch_dir();
+    ASSERT_EQ(run(tiny_train(dir, fast + "train.steps=2"), dir).exit_code, 0);
+    const auto before = contents(dir / "ckpt");
+    // the model file is 3.4 MB: past a limit of 1 MiB
+    Outcome r = run(
+        limited + bounded + "bash -c 'ulimit -f 1024; exec " +
+            tiny_train(dir, fast + "train.steps=4 checkpoint.every=1 checkpoint.resume=" + (dir / "ckpt").string()) +
+            "'",
+        dir);
+    EXPECT_EQ(r.exit_code, 1);
+    expect_ended_in_time(r);
+    expect_one_line(r, "model_00000003.bin.tmp.");
+    EXPECT_NE(r.err.find("write failed"), std::string::npos) << r.err;
+    EXPECT_EQ(contents(dir / "ckpt"), before) << "the failed save changed the run directory";
+}

@@ -1,0 +1,108 @@
+#include "train/run_directory.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <vector>
+
+#include "common/files.h"
+
+namespace fs = std::filesystem;
+
+namespace tpsp {
+
+namespace {
+
+// The step of a checkpoint file's name (model_00000500.bin, state_00000500.bin), or -1.
+int step_of_checkpoint_name(const std::string& name) {
+    for (const char* stem : {"model_", "state_"}) {
+        const std::string prefix = stem;
+        if (name.size() != prefix.size() + 12 || name.rfind(prefix, 0) != 0 || !name.ends_with(".bin")) continue;
+        const std::string digits = name.substr(prefix.size(), 8);
+        if (std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+            return std::stoi(digits);
+    }
+    return -1;
+}
+
+// Every checkpoint file in dir (with its step), the temporaries aside.
+std::vector<std::pair<int, fs::path>> checkpoint_files(const std::string& dir) {
+    std::vector<std::pair<int, fs::path>> files;
+    for (const fs::directory_entry& entry : fs::directory_iterator(dir)) {
+        const int step = step_of_checkpoint_name(entry.path().filename().string());
+        if (step >= 0) files.push_back({step, entry.path()});
+    }
+    return files;
+}
+
+bool same_directory(const std::string& a, const std::string& b) {
+    std::error_code ec;
+    return fs::equivalent(a, b, ec);
+}
+
+}  // namespace
+
+int latest_step(const std::string& dir) {
+    std::ifstream latest(dir + "/latest");
+    int step = -1;
+    if (!(latest >> step) || step < 0) return -1;
+    return step;
+}
+
+RunDirectory::~RunDirectory() {
+    if (lock_fd_ >= 0) ::close(lock_fd_);
+}
+
+void RunDirectory::claim(const std::string& dir, const std::string& resume, bool overwrite) {
+    make_writable_directory(dir, "checkpoint");
+    dir_ = dir;
+    const std::string lock = dir + "/lock";
+    lock_fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (lock_fd_ < 0) throw FileError(lock + ": cannot open the run's lock file (" + std::strerror(errno) + ")");
+    if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+        if (errno == EWOULDBLOCK)
+            throw FileError(dir + ": another tpsp trainer is running in this checkpoint directory (it holds " + lock +
+                            ")");
+        throw FileError(lock + ": cannot lock the run's lock file (" + std::strerror(errno) + ")");
+    }
+    // the lock is ours: any temporary here is a crashed writer's
+    for (const fs::directory_entry& entry : fs::directory_iterator(dir))
+        if (is_temporary_name(entry.path().filename().string())) fs::remove(entry.path());
+
+    const bool resumes_here = !resume.empty() && same_directory(resume, dir);
+    if (resumes_here && overwrite)
+        throw ConfigError("checkpoint.overwrite: checkpoint.resume continues the run in " + dir +
+                          "; it cannot also start over there");
+    const int step = latest_step(dir);
+    const bool holds_a_run = step >= 0 || !checkpoint_files(dir).empty();
+    if (!holds_a_run || resumes_here) return;
+    if (!overwrite)
+        throw ConfigError("checkpoint.dir: " + dir + " already holds a run" +
+                          (step >= 0 ? " (latest step " + std::to_string(step) + ")" : "") +
+                          ": continue it with checkpoint.resume=" + dir +
+                          ", or start over with checkpoint.overwrite=true");
+    fs::remove(dir + "/latest");  // first: a crash from here on leaves no `latest` that names a removed step
+    for (const auto& [unused, path] : checkpoint_files(dir)) fs::remove(path);
+}
+
+void RunDirectory::prune(int keep_last) const {
+    if (keep_last <= 0) return;
+    std::vector<std::pair<int, fs::path>> files = checkpoint_files(dir_);
+    std::vector<int> steps;
+    for (const auto& [step, unused] : files) steps.push_back(step);
+    std::sort(steps.begin(), steps.end());
+    steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
+    if (int(steps.size()) <= keep_last) return;
+    const int oldest_kept = steps[steps.size() - size_t(keep_last)];
+    const int latest = latest_step(dir_);
+    for (const auto& [step, path] : files)
+        if (step < oldest_kept && step != latest) fs::remove(path);
+}
+
+}  // namespace tpsp
