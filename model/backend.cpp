@@ -51,7 +51,9 @@ void CpuBackend::adamw_update(float* params, const float* grads, float* m, float
     }
 }
 
-double CpuBackend::peak_flops() { return held_sgemm_peak(measure_sgemm_flops(), omp_get_max_threads()); }
+double CpuBackend::peak_flops() {
+    return held_sgemm_peak(measure_sgemm_flops(GemmLibrary::linears), omp_get_max_threads());
+}
 
 std::string CpuBackend::kernels() { return blas_kernels_description(); }
 

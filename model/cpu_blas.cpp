@@ -15,6 +15,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "model/kernels/cpu_kernels.h"
+
 namespace tpsp {
 
 const char* kernel_set_name(KernelSet set) {
@@ -107,7 +109,11 @@ std::string blas_kernels_description() {
     std::string reason;
     if (const char* ours = std::getenv("TPSP_BLAS_KERNELS_REASON")) reason = ours;  // set before the re-run
     else reason = choose_blas_kernels(cpu_features(), core, std::getenv("OPENBLAS_CORETYPE")).reason;
-    return "OpenBLAS " + core + " kernels (" + kernel_set_name(kernel_set_of_openblas_core(core)) + "; " + reason + ")";
+    const std::string openblas = "OpenBLAS " + core + " kernels (" +
+                                 kernel_set_name(kernel_set_of_openblas_core(core)) + "; " + reason + ")";
+    const std::string linears = linear_gemm_library();
+    if (linears == "OpenBLAS") return openblas;
+    return "linears: " + linears + "; attention: " + openblas;
 }
 
 void run_with_the_widest_blas_kernels(char** argv) {
@@ -125,14 +131,17 @@ void run_with_the_widest_blas_kernels(char** argv) {
                  choice.core.c_str(), openblas_core().c_str());
 }
 
-double measure_sgemm_flops() {
+double measure_sgemm_flops(GemmLibrary library) {
     const int n = 1024;
     std::vector<float> a(size_t(n) * n, 0.5f), b(size_t(n) * n, 0.25f), c(size_t(n) * n);
     double best = 1e30;
     for (int rep = 0; rep < 11; rep++) {
         const auto start = std::chrono::steady_clock::now();
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(),
-                    n);
+        if (library == GemmLibrary::linears)
+            linear_sgemm(false, true, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+        else
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f,
+                        c.data(), n);
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         if (rep > 0) best = std::min(best, seconds);  // the first warms up
     }
@@ -192,6 +201,11 @@ int measure_every_kernel_set(const char* self, int threads) {
         if (child) pclose(child);
         std::printf("  %-8s (OpenBLAS %-11s) %8.1f GFLOP/s\n", kernel_set_name(set), openblas_core_for(set), gflops);
         best = std::max(best, gflops * 1e9);
+    }
+    if (linear_gemm_library() != "OpenBLAS") {  // oneDNN chooses its own kernels, in this process as in any
+        const double flops = measure_sgemm_flops(GemmLibrary::linears);
+        std::printf("  %s: %.1f GFLOP/s\n", linear_gemm_library().c_str(), flops / 1e9);
+        best = std::max(best, flops);
     }
     const double held = held_sgemm_peak(best, threads);
     std::printf("held for this machine: %.1f GFLOP/s (the denominator of MFU on the CPU)\n", held / 1e9);

@@ -50,15 +50,19 @@ std::string blas_kernels_description();
 // (same arguments) with OPENBLAS_CORETYPE set. TPSP_BLAS_KERNELS=keep turns it off.
 void run_with_the_widest_blas_kernels(char** argv);
 
-// sgemm FLOP/s of this process's kernels on `threads` threads: 1024³, best of ten after a warm-up.
-double measure_sgemm_flops();
+// sgemm FLOP/s of this process's OpenBLAS kernels, or of the library the
+// linears run (linear_sgemm: oneDNN where built with it), on OpenMP's
+// threads: 1024³, best of ten after a warm-up.
+enum class GemmLibrary { openblas, linears };
+double measure_sgemm_flops(GemmLibrary library);
 // The denominator of the CPU's MFU: the best sgemm rate held for this machine
 // and thread count (best over every kernel set `tpsp blas-peak` measured, and
 // over every run), raised by `measured_now` and kept if that is higher. A slow
 // library or a loaded moment cannot lower it, and a step cannot beat it.
 double held_sgemm_peak(double measured_now, int threads);
-// `tpsp blas-peak`: sgemm on every kernel set this CPU supports (each in a
-// child process started with its OPENBLAS_CORETYPE), printed; the best is held.
+// `tpsp blas-peak`: sgemm on every OpenBLAS kernel set this CPU supports
+// (each in a child process started with its OPENBLAS_CORETYPE) and on
+// oneDNN, printed; the best is held.
 int measure_every_kernel_set(const char* self, int threads);
 
 }  // namespace tpsp

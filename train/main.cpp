@@ -154,7 +154,7 @@ int command_prepare(std::vector<std::string> paths, const PrepareOptions& option
 int command_blas_peak(bool this_process_only) {
     const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
     if (!this_process_only) return measure_every_kernel_set(self.c_str(), omp_get_max_threads());
-    std::printf("%.1f\n", measure_sgemm_flops() / 1e9);
+    std::printf("%.1f\n", measure_sgemm_flops(GemmLibrary::openblas) / 1e9);
     return 0;
 }
 

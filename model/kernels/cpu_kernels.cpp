@@ -2,6 +2,9 @@
 
 #include <cblas.h>
 #include <omp.h>
+#ifdef TPSP_WITH_ONEDNN
+#include <oneapi/dnnl/dnnl.h>
+#endif
 
 #include <algorithm>
 #include <bit>
@@ -203,7 +206,33 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 }
 
 // ----------------------------------------------------------------------------
-// matmul, through OpenBLAS
+// matmul
+
+void linear_sgemm(bool transpose_a, bool transpose_b, int M, int N, int K, float alpha, const float* A, int lda,
+                  const float* B, int ldb, float beta, float* C, int ldc) {
+#ifdef TPSP_WITH_ONEDNN
+    dnnl_sgemm(transpose_a ? 'T' : 'N', transpose_b ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+#else
+    cblas_sgemm(CblasRowMajor, transpose_a ? CblasTrans : CblasNoTrans, transpose_b ? CblasTrans : CblasNoTrans, M, N,
+                K, alpha, A, lda, B, ldb, beta, C, ldc);
+#endif
+}
+
+std::string linear_gemm_library() {
+#ifdef TPSP_WITH_ONEDNN
+    const dnnl_version_t* v = dnnl_version();
+    const int isa = int(dnnl_get_effective_cpu_isa());
+    auto has = [&](dnnl_cpu_isa_t set) { return (isa & int(set)) == int(set); };
+    const char* kernels = has(dnnl_cpu_isa_avx512_core) ? "AVX-512"
+                          : has(dnnl_cpu_isa_avx2)      ? "AVX2"
+                          : has(dnnl_cpu_isa_avx)       ? "AVX"
+                                                        : "SSE4.1";
+    return "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch) +
+           " sgemm, " + kernels + " JIT kernels";
+#else
+    return "OpenBLAS";
+#endif
+}
 
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC) {
     float beta = 0.0f;
@@ -212,11 +241,11 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
         for (int n = 0; n < N; n++) std::memcpy(out + int64_t(n) * OC, bias, sizeof(float) * OC);
         beta = 1.0f;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C, beta, out, OC);
+    linear_sgemm(false, true, N, OC, C, 1.0f, inp, C, weight, C, beta, out, OC);
 }
 
 void matmul_backward_input(float* dinp, const float* dout, const float* weight, int N, int C, int OC) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C, 0.0f, dinp, C);
+    linear_sgemm(false, false, N, C, OC, 1.0f, dout, OC, weight, C, 0.0f, dinp, C);
 }
 
 void matmul_forward_gelu(float* out, float* pre_gelu, const float* inp, const float* weight, const float* bias, int N,
@@ -234,15 +263,14 @@ void matmul_backward_input_gelu(float* dinp, const float* dout, const float* wei
 void matmul_backward_input_columns(float* dinp, const float* dout, const float* weight, int N, int C, int OC,
                                    int c_begin, int c_end) {
     const int width = c_end - c_begin;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, width, OC, 1.0f, dout, OC, weight + c_begin, C, 0.0f,
-                dinp, width);
+    linear_sgemm(false, false, N, width, OC, 1.0f, dout, OC, weight + c_begin, C, 0.0f, dinp, width);
 }
 
 void matmul_backward_weight(float* dweight, float* dbias, const float* dout, const float* inp, int N, int C, int OC,
                             int o_begin, int o_end) {
     // dweight [o_end − o_begin, C] += dout[:, o_begin:o_end]^T @ inp [N, C]
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, o_end - o_begin, C, N, 1.0f, dout + o_begin, OC, inp, C, 1.0f,
-                dweight + int64_t(o_begin) * C, C);
+    linear_sgemm(true, false, o_end - o_begin, C, N, 1.0f, dout + o_begin, OC, inp, C, 1.0f,
+                 dweight + int64_t(o_begin) * C, C);
     if (dbias) {
         for (int n = 0; n < N; n++) {
             const float* d = dout + int64_t(n) * OC;
@@ -256,7 +284,7 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
                      const float* weight, int N, int C, int OC) {
     matmul_backward_input(dinp, dout, weight, N, C, OC);
     // dweight [OC, C] += dout^T [OC, N] @ inp [N, C]
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
+    linear_sgemm(true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
     if (dbias) bias_backward(dbias, dout, N, OC);
 }
 

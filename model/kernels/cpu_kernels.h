@@ -10,6 +10,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "model/kernels/dropout_rng.h"
 
@@ -39,6 +40,17 @@ void layernorm_forward(float* out, const float* inp, const float* weight, const 
 // scratch [2N] holds the recomputed row statistics.
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                         const float* weight, float* scratch, int N, int C);
+
+// The GEMM of the linears (the matmul_* kernels below): oneDNN's sgemm where
+// tpsp is built with it (TPSP_WITH_ONEDNN), which picks its JIT kernels from
+// cpuid whatever OPENBLAS_CORETYPE says; OpenBLAS's otherwise. The
+// attention's per-head GEMMs, small and many, stay on OpenBLAS, which is
+// faster at that size (docs/performance.md). Row-major:
+// C [M, N] = alpha · op(A) · op(B) + beta · C, op transposing where asked.
+void linear_sgemm(bool transpose_a, bool transpose_b, int M, int N, int K, float alpha, const float* A, int lda,
+                  const float* B, int ldb, float beta, float* C, int ldc);
+// The library and kernels linear_sgemm runs: "oneDNN 2.6.3 sgemm, AVX-512 JIT kernels", or "OpenBLAS".
+std::string linear_gemm_library();
 
 // out [N, OC] = inp [N, C] @ weight [OC, C]^T + bias [OC]  (bias may be null)
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC);
