@@ -3,8 +3,11 @@
 # supports (tpsp blas-peak, which also holds the best as MFU's denominator),
 # tpsp's forward+backward of the tiny config and of GPT-2 124M at B=4, T=64,
 # then Debian's PyTorch (python3-torch) on the same 124M shape as a user runs
-# it (default environment), and the ratios. TPSP_BLAS_KERNELS=keep in the
-# environment shows tpsp with OpenBLAS's own choice of kernels instead.
+# it (default environment), and the ratios. Beside it, the same tpsp step
+# with the linears on OpenBLAS (a build with -DTPSP_ONEDNN=OFF in
+# build-openblas/, made here if missing), to show what oneDNN brings.
+# TPSP_BLAS_KERNELS=keep in the environment shows tpsp with OpenBLAS's own
+# choice of kernels instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x build/tpsp ] || scripts/build.sh
@@ -14,8 +17,15 @@ kernel_sets=$(OMP_NUM_THREADS=$threads build/tpsp blas-peak)
 echo "$kernel_sets"
 peak=$(echo "$kernel_sets" | grep -o 'held for this machine: [0-9.]*' | awk '{print $5}')
 OMP_NUM_THREADS=$threads build/tpsp bench configs/tiny.yaml --steps 10
-gpt2=$(OMP_NUM_THREADS=$threads build/tpsp bench configs/gpt2_124m.yaml train.batch_size=4 train.seq_len=64 --steps 5)
+gpt2_shape=(configs/gpt2_124m.yaml train.batch_size=4 train.seq_len=64 --steps 8)
+gpt2=$(OMP_NUM_THREADS=$threads build/tpsp bench "${gpt2_shape[@]}")
 echo "$gpt2"
+if [ ! -x build-openblas/tpsp ]; then
+  cmake -S . -B build-openblas -G Ninja -DCMAKE_BUILD_TYPE=Release -DTPSP_ONEDNN=OFF -DTPSP_CUDA=OFF > /dev/null
+  cmake --build build-openblas --target tpsp > /dev/null
+fi
+echo "-- the same with the linears on OpenBLAS (build-openblas: -DTPSP_ONEDNN=OFF):"
+OMP_NUM_THREADS=$threads build-openblas/tpsp bench "${gpt2_shape[@]}"
 tpsp_ms=$(echo "$gpt2" | grep -o 'fwd+bwd [0-9.]* ms' | head -1 | awk '{print $2}')
 tpsp_gflops=$(echo "$gpt2" | grep -o '| [0-9.]* GFLOP/s | MFU' | awk '{print $2}')
 if /usr/bin/python3 -c "import torch" 2> /dev/null; then

@@ -7,6 +7,7 @@
 #   4. trains configs/tiny.yaml for 200 steps on the GPU (data/kjv, carried), then 100 with cuDNN's attention
 #   5. benchmarks GPT-2 124M at B = 16, T = 1024, explicit and cuDNN attention: tokens/s, MFU against the
 #      bf16 peak, activation bytes, and the time of each part of a step (--breakdown)
+#   6. the same benchmark with dropout 0.1 under each model.recompute mode: time and the arenas' bytes
 # The log goes to stdout and to $OUT/gpu_check.log (OUT: the device tool's folder; /tmp otherwise).
 # Every step has its own time limit, so that one that hangs leaves time for the rest.
 set -euo pipefail
@@ -63,4 +64,10 @@ timeout 120 build-gpu/tpsp bench configs/gpt2_124m.yaml train.device=cuda train.
   train.seq_len=1024 model.dropout=0 model.attention=cudnn --steps 10 --breakdown || echo "CUDNN BENCHMARK FAILED"
 build-gpu/tpsp memory configs/gpt2_124m.yaml train.device=cuda train.batch_size=16 train.seq_len=1024 \
   model.attention=cudnn | grep -E "formula per block|table per block|saved activations:"
+step "recomputation: GPT-2 124M, B = 16, T = 1024, dropout 0.1, none / selective / full"
+for mode in none selective full; do
+  timeout 120 build-gpu/tpsp bench configs/gpt2_124m.yaml train.device=cuda train.batch_size=16 \
+    train.seq_len=1024 model.dropout=0.1 model.recompute=$mode --steps 5 || echo "RECOMPUTE $mode BENCHMARK FAILED"
+done
+
 step "done"
