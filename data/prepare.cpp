@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <regex>
 #include <sstream>
 
 #include "common/files.h"
@@ -65,12 +66,32 @@ void write_split(const std::vector<uint16_t>& tokens, const std::string& out_dir
 
 }  // namespace
 
+// The files an earlier prepare wrote into out_dir: its shards and llm.c's tokenizer file.
+static std::vector<std::filesystem::path> earlier_shards(const std::string& out_dir) {
+    static const std::regex shard_name("(train|val)_[0-9]{6}\\.bin|gpt2_tokenizer\\.bin");
+    std::vector<std::filesystem::path> found;
+    for (const auto& entry : std::filesystem::directory_iterator(out_dir))
+        if (std::regex_match(entry.path().filename().string(), shard_name)) found.push_back(entry.path());
+    std::sort(found.begin(), found.end());
+    return found;
+}
+
+static void clear_earlier_shards(const std::string& out_dir, bool replace) {
+    const std::vector<std::filesystem::path> found = earlier_shards(out_dir);
+    if (found.empty()) return;
+    if (!replace)
+        throw FileError(out_dir + ": holds " + std::to_string(found.size()) + " shard file(s) of an earlier prepare (" +
+                        found.front().filename().string() + ", ...); give --replace to remove them first");
+    for (const std::filesystem::path& path : found) std::filesystem::remove(path);
+}
+
 void prepare_shards(const std::vector<std::string>& inputs, const std::string& out_dir, const PrepareOptions& options) {
     std::unique_ptr<GPT2Tokenizer> gpt2;
     if (options.tokenizer == "gpt2") gpt2 = std::make_unique<GPT2Tokenizer>(options.tokenizer_dir);
     int64_t total = 0;
     for (const std::string& input : inputs) {
         std::error_code ec;
+        if (!std::filesystem::is_regular_file(input, ec)) throw FileError(input + ": not a regular file");
         uintmax_t size = std::filesystem::file_size(input, ec);
         if (ec) throw FileError(input + ": cannot open input text");
         total += int64_t(size);
@@ -78,6 +99,7 @@ void prepare_shards(const std::vector<std::string>& inputs, const std::string& o
     std::error_code ec;
     std::filesystem::create_directories(out_dir, ec);
     if (ec) throw FileError(out_dir + ": cannot create output directory (" + ec.message() + ")");
+    clear_earlier_shards(out_dir, options.replace);
 
     std::vector<uint16_t> tokens;
     std::vector<int> piece_tokens;

@@ -23,7 +23,18 @@ std::vector<std::string> expand_shard_glob(const std::string& pattern) {
     }
     globfree(&found);
     if (paths.empty()) throw FileError(pattern + ": no token shard matches");
+    for (const std::string& path : paths)
+        if (!std::filesystem::is_regular_file(path)) throw FileError(path + ": not a regular file");
     return paths;  // glob sorts
+}
+
+void check_train_and_val_apart(const std::string& train_pattern, const std::string& val_pattern) {
+    const std::vector<std::string> train = expand_shard_glob(train_pattern), val = expand_shard_glob(val_pattern);
+    for (const std::string& v : val)
+        for (const std::string& t : train)
+            if (std::filesystem::equivalent(v, t))
+                throw FileError(v + ": this validation shard is also a training shard (data.train: " + train_pattern +
+                                ", data.val: " + val_pattern + ")");
 }
 
 // Returns the number of tokens that the header announces, after checking it.
@@ -50,8 +61,8 @@ static int64_t read_shard_header(const std::string& path) {
     return count;
 }
 
-TokenLoader::TokenLoader(const std::string& pattern, int B, int T, int dp_rank, int dp_size)
-    : paths_(expand_shard_glob(pattern)), B_(B), T_(T), dp_rank_(dp_rank), dp_size_(dp_size) {
+TokenLoader::TokenLoader(const std::string& pattern, int B, int T, int dp_rank, int dp_size, int vocab_size)
+    : paths_(expand_shard_glob(pattern)), B_(B), T_(T), dp_rank_(dp_rank), dp_size_(dp_size), vocab_size_(vocab_size) {
     int64_t tokens_per_batch = int64_t(dp_size) * B * T;
     for (const std::string& path : paths_) {
         int64_t count = read_shard_header(path);
@@ -79,11 +90,19 @@ void TokenLoader::load_shard(size_t index) {
     size_t got = std::fread(tokens_.data(), 2, tokens_.size(), f);
     std::fclose(f);
     if (got != tokens_.size()) throw FileError(paths_[index] + ": token shard is truncated");
+    for (size_t i = 0; i < tokens_.size(); i++)
+        if (tokens_[i] >= vocab_size_)
+            throw FileError(paths_[index] + ": token " + std::to_string(tokens_[i]) + " at offset " +
+                            std::to_string(i) + " is not below model.vocab_size = " + std::to_string(vocab_size_));
     current_shard_ = index;
 }
 
 void TokenLoader::reset() { batches_read_ = 0; }
-void TokenLoader::seek(int64_t batches_read) { batches_read_ = batches_read; }
+void TokenLoader::seek(int64_t batches_read) {
+    if (batches_read < 0)
+        throw FileError("the data loader's saved position " + std::to_string(batches_read) + " is below 0");
+    batches_read_ = batches_read;
+}
 
 void TokenLoader::next_batch(int* inputs, int* targets) {
     int64_t k = batches_read_ % batches_per_epoch();

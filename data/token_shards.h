@@ -11,22 +11,28 @@ constexpr int shard_magic = 20240520;
 constexpr int shard_version = 1;
 
 void write_token_shard(const std::string& path, const std::vector<uint16_t>& tokens);
-// The shards that a glob names, sorted; none is an error naming the glob.
+// The shards that a glob names, sorted; none is an error naming the glob, and
+// so is a match that is not a regular file (a FIFO would block the reader).
 std::vector<std::string> expand_shard_glob(const std::string& pattern);
+// Training must not see the validation shards: an error naming the first
+// shard that both globs match.
+void check_train_and_val_apart(const std::string& train_pattern, const std::string& val_pattern);
 
 // Reads batches in order, as llm.c's loader does: in each shard, batch k of
 // data-parallel rank r holds the B·T+1 tokens from (k·dp + r)·B·T on; a shard
 // gives floor((tokens − 1) / (dp·B·T)) batches, then the next shard starts;
-// after the last shard the loader starts again at the first.
+// after the last shard the loader starts again at the first. A token id at
+// or above vocab_size, found when its shard is loaded, is an error naming
+// the shard and the token's offset.
 class TokenLoader {
 public:
-    TokenLoader(const std::string& pattern, int B, int T, int dp_rank, int dp_size);
+    TokenLoader(const std::string& pattern, int B, int T, int dp_rank, int dp_size, int vocab_size);
     // inputs, targets [B, T]
     void next_batch(int* inputs, int* targets);
     void reset();
     // Where the next batch comes from, for checkpoints.
     int64_t position() const { return batches_read_; }
-    void seek(int64_t batches_read);
+    void seek(int64_t batches_read);  // a position below 0 (a damaged file) is an error
     size_t num_shards() const { return shards_.size(); }
     int64_t batches_per_epoch() const;
 
@@ -34,7 +40,7 @@ private:
     void load_shard(size_t index);
     std::vector<std::string> paths_;
     std::vector<int64_t> shards_;  // batches in each shard
-    int B_, T_, dp_rank_, dp_size_;
+    int B_, T_, dp_rank_, dp_size_, vocab_size_;
     size_t current_shard_ = size_t(-1);
     std::vector<uint16_t> tokens_;  // the current shard
     int64_t batches_read_ = 0;      // since the start of the run

@@ -9,7 +9,7 @@ scripts/fetch_gpt2_tokenizer.sh > /dev/null
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 for run in 1 2 3; do
-  OMP_NUM_THREADS=1 build/tpsp prepare --tokenizer gpt2 data/kjv/kjv.txt "$out/shards" 2> "$out/progress" > /dev/null
+  OMP_NUM_THREADS=1 build/tpsp prepare --tokenizer gpt2 --replace data/kjv/kjv.txt "$out/shards" 2> "$out/progress" > /dev/null
   rate=$(tr '\r' '\n' < "$out/progress" | grep -o '[0-9.]* MB/s' | tail -1)
   echo "run $run: $rate (GPT-2 BPE of data/kjv/kjv.txt, one core)"
 done

@@ -11,4 +11,4 @@ command -v bible > /dev/null || { echo "prepare_corpus: 'bible' not found: apt-g
 mkdir -p "$out"
 # -f turns pretty-printing off: one verse per line, "Ge1:1 In the beginning ..."
 bible -f "Genesis1:1-Revelation22:21" | sed -E 's/^[0-9]?[A-Za-z]+[0-9]+:[0-9]+ //' > "$out/kjv.txt"
-"$tpsp" prepare --tokenizer byte "$out/kjv.txt" "$out"
+"$tpsp" prepare --tokenizer byte --replace "$out/kjv.txt" "$out"

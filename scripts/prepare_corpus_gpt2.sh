@@ -8,5 +8,5 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 "$root/scripts/prepare_corpus.sh"
 "$root/scripts/fetch_gpt2_tokenizer.sh" "$root/data/gpt2_tokenizer"
 [ -f "$root/data/kjv_gpt2/train_000000.bin" ] && exit 0
-"$root/build/tpsp" prepare --tokenizer gpt2 --tokenizer-dir "$root/data/gpt2_tokenizer" "$root/data/kjv/kjv.txt" \
+"$root/build/tpsp" prepare --tokenizer gpt2 --replace --tokenizer-dir "$root/data/gpt2_tokenizer" "$root/data/kjv/kjv.txt" \
   "$root/data/kjv_gpt2"

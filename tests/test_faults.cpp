@@ -5,6 +5,7 @@
 // earlier good file was damaged.
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -419,4 +420,58 @@ TEST(Faults, AFailedSaveLeavesTheLastCheckpointAsItWas) {
     expect_one_line(r, "model_00000003.bin.tmp.");
     EXPECT_NE(r.err.find("write failed"), std::string::npos) << r.err;
     EXPECT_EQ(contents(dir / "ckpt"), before) << "the failed save changed the run directory";
+}
+
+// Wrong data never trains silently.
+TEST(Faults, WrongDataIsOneLineBeforeItTrains) {
+    fs::path dir = scratch_dir();
+    // a token id at or above the vocabulary: a shard of GPT-2 ids into the byte model
+    fs::path shards = dir / "shards";
+    fs::create_directories(shards);
+    std::vector<uint16_t> tokens(5000, 65);
+    tokens[4321] = 65535;
+    int header[256] = {20240520, 1, int(tokens.size())};
+    std::ofstream(shards / "train_000000.bin", std::ios::binary)
+            .write(reinterpret_cast<const char*>(header), sizeof header)
+        << std::string(reinterpret_cast<const char*>(tokens.data()), tokens.size() * 2);
+    Outcome r = run(bounded + tiny_train(dir, fast + "train.steps=2 data.train=" + (shards / "train_*.bin").string()),
+                    dir);
+    EXPECT_EQ(r.exit_code, 1);
+    expect_one_line(r, "train_000000.bin: token 65535 at offset 4321 is not below model.vocab_size = 256");
+    // the validation shard inside the training glob
+    r = run(tiny_train(dir, fast + "train.steps=2 train.val_every=1 data.train='" + corpus + "/*.bin'"), dir);
+    EXPECT_EQ(r.exit_code, 1);
+    expect_one_line(r, "val_000000.bin: this validation shard is also a training shard");
+    // a FIFO as a shard or as the config: refused, never read (which would block)
+    ASSERT_EQ(mkfifo((dir / "fifo.bin").c_str(), 0600), 0);
+    r = run(bounded + tiny_train(dir, fast + "train.steps=2 data.train=" + (dir / "fifo.bin").string()), dir);
+    expect_ended_in_time(r);
+    expect_one_line(r, "fifo.bin: not a regular file");
+    r = run(bounded + tpsp_binary + " train " + (dir / "fifo.bin").string(), dir);
+    expect_ended_in_time(r);
+    expect_one_line(r, "fifo.bin: not a regular file");
+    // a key given twice in a config file
+    fs::path twice = write_file(dir / "twice.yaml", "train:\n  steps: 5\n  lr: 0.1\n  steps: 6\n");
+    r = run(tpsp_binary + " train " + twice.string(), dir);
+    EXPECT_EQ(r.exit_code, 1);
+    expect_one_line(r, "twice.yaml:4: train.steps is given twice");
+}
+
+TEST(Faults, PrepareIntoADirectoryOfShardsIsRefusedUnlessToldToReplaceThem) {
+    fs::path dir = scratch_dir();
+    fs::path text = write_file(dir / "text.txt", std::string(200000, 'a'));
+    const std::string prepare = tpsp_binary + " prepare --tokenizer byte --shard-tokens 20000 --val-fraction 0.5 " +
+                                text.string() + " " + (dir / "out").string();
+    ASSERT_EQ(run(prepare, dir).exit_code, 0);
+    ASSERT_TRUE(fs::exists(dir / "out" / "train_000005.bin"));
+    const auto before = contents(dir / "out");
+    write_file(text, std::string(50000, 'b'));  // a smaller corpus would leave train_000002.. behind
+    Outcome r = run(prepare, dir);
+    EXPECT_EQ(r.exit_code, 1);
+    expect_one_line(r, "holds 7 shard file(s) of an earlier prepare (train_000000.bin, ...); give --replace");
+    EXPECT_EQ(contents(dir / "out"), before) << "the earlier shards are untouched";
+    r = run(prepare + " --replace", dir);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_TRUE(fs::exists(dir / "out" / "train_000000.bin"));
+    EXPECT_FALSE(fs::exists(dir / "out" / "train_000002.bin")) << "no shard of the earlier corpus is left";
 }

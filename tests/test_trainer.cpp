@@ -91,7 +91,7 @@ TEST(Trainer, PreparesGpt2TokenShards) {
     EXPECT_TRUE(fs::exists(dir / "shards" / "train_000001.bin")) << "shards of --shard-tokens";
     EXPECT_TRUE(fs::exists(dir / "shards" / "val_000000.bin"));
     EXPECT_TRUE(fs::exists(dir / "shards" / "gpt2_tokenizer.bin"));
-    tpsp::TokenLoader loader((dir / "shards" / "train_*.bin").string(), 4, 64, 0, 1);
+    tpsp::TokenLoader loader((dir / "shards" / "train_*.bin").string(), 4, 64, 0, 1, 50257);
     std::vector<int> inputs(256), targets(256);
     loader.next_batch(inputs.data(), targets.data());
     EXPECT_EQ(inputs[0], 50256) << "the document starts with <|endoftext|>";

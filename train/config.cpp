@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <map>
+#include <set>
 
 namespace tpsp {
 
@@ -232,9 +234,11 @@ void apply(Config& c, const std::string& where, const std::string& name, const s
 // Applies every key of a YAML map; a nested map ("emulated_link: {gbps: 5}")
 // names its keys with one more dot.
 void apply_map(Config& c, const std::string& path, const std::string& prefix, const YAML::Node& map) {
+    std::set<std::string> seen;  // yaml-cpp keeps a repeated key: the second would win, silently
     for (const auto& entry : map) {
         std::string key = prefix + "." + entry.first.as<std::string>();
         std::string at = path + ":" + std::to_string(entry.first.Mark().line + 1);
+        if (!seen.insert(key).second) throw ConfigError(at + ": " + key + " is given twice");
         if (entry.second.IsMap()) {
             apply_map(c, path, key, entry.second);
             continue;
@@ -333,6 +337,9 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
     Config c;
     if (!path.empty()) {
         YAML::Node root;
+        std::error_code ec;
+        if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec))
+            throw ConfigError(path + ": not a regular file");
         try {
             root = YAML::LoadFile(path);
         } catch (const YAML::BadFile&) {
@@ -342,9 +349,11 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
         }
         if (root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
         if (!root.IsMap()) throw ConfigError(path + ": the config must be a map of sections");
+        std::set<std::string> sections;
         for (const auto& section : root) {
             std::string name = section.first.as<std::string>();
             std::string where = path + ":" + std::to_string(section.first.Mark().line + 1);
+            if (!sections.insert(name).second) throw ConfigError(where + ": section " + name + " is given twice");
             if (!section.second.IsMap())
                 throw ConfigError(where + ": " + name + ": expected a section (a map of keys)");
             apply_map(c, path, name, section.second);

@@ -177,6 +177,7 @@ void add_prepare_options(CLI::App* prepare, std::vector<std::string>& paths, Pre
     prepare->add_option("--shard-tokens", options.shard_tokens, "tokens per shard at most")
         ->check(at_least(1))
         ->capture_default_str();
+    prepare->add_flag("--replace", options.replace, "remove the shards an earlier prepare left in OUT_DIR first");
 }
 
 void add_sample_options(CLI::App* sample, std::string& checkpoint, SampleOptions& options) {

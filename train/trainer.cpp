@@ -25,7 +25,7 @@ int evaluate(const Config& cfg) {
     gc.attention = AttentionKernel::explicit_scores;
     const RunShape shape = cfg.run_shape();
     ProcessGrid grid = make_process_grid(1);
-    TokenLoader val_loader(cfg.data.val, shape.batch, shape.seq_len, grid.dp_rank, grid.dp);
+    TokenLoader val_loader(cfg.data.val, shape.batch, shape.seq_len, grid.dp_rank, grid.dp, gc.vocab_size);
     check_checkpoint_model(cfg.checkpoint.init, gc);
     GPT model(gc, shape);
     load_checkpoint(model, cfg.checkpoint.init);

@@ -122,10 +122,12 @@ void Trainer<Backend>::build() {
                           std::to_string(world) + " ranks launched");
     grid_ = make_process_grid(cfg_.parallel.tp);
     train_loader_ = std::make_unique<TokenLoader>(cfg_.data.train, shape_.batch, shape_.seq_len, grid_.dp_rank,
-                                                  grid_.dp);
-    if (!cfg_.data.val.empty() && cfg_.train.val_every > 0)
+                                                  grid_.dp, gpt_.vocab_size);
+    if (!cfg_.data.val.empty() && cfg_.train.val_every > 0) {
+        check_train_and_val_apart(cfg_.data.train, cfg_.data.val);
         val_loader_ = std::make_unique<TokenLoader>(cfg_.data.val, shape_.batch, shape_.seq_len, grid_.dp_rank,
-                                                    grid_.dp);
+                                                    grid_.dp, gpt_.vocab_size);
+    }
     if (!cfg_.checkpoint.init.empty()) check_checkpoint_model(cfg_.checkpoint.init, gpt_);
     runtime_ = std::make_unique<typename Backend::Runtime>(trainer_detail::local_rank());
     tp_comm_ = Backend::make_group(*grid_.tp_group.mpi());
