@@ -1,9 +1,44 @@
 #include "parallel/communicator.h"
 
+#include <cstdio>
 #include <cstring>
 #include <ctime>
 
 namespace tpsp {
+
+static double peer_timeout_seconds = 300.0;
+
+void set_peer_timeout(double seconds) { peer_timeout_seconds = seconds; }
+
+// Waits for request like MPI_Wait (which also polls), but gives up after
+// peer_timeout_seconds: one line, then MPI_Abort ends every rank of the job.
+static void wait_or_give_up(MPI_Request* request, const char* what, MPI_Comm comm, int peer) {
+    const double start = now_seconds();
+    for (;;) {
+        int done = 0;
+        MPI_Test(request, &done, MPI_STATUS_IGNORE);
+        if (done) return;
+        if (now_seconds() - start < peer_timeout_seconds) continue;
+        int world_rank = 0, rank = 0, size = 1;
+        MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+        MPI_Comm_rank(comm, &rank);
+        MPI_Comm_size(comm, &size);
+        char waited_for[64] = "";
+        if (peer >= 0) std::snprintf(waited_for, sizeof waited_for, " for rank %d of the group", peer);
+        std::fprintf(stderr,
+                     "tpsp: rank %d: the %s (rank %d of a group of %d) waited %.0f s%s without progress "
+                     "(parallel.timeout_s): a peer has stopped; ending the job\n",
+                     world_rank, what, rank, size, peer_timeout_seconds, waited_for);
+        std::fflush(stderr);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+}
+
+void all_reduce_ints(int* data, int count, MPI_Op op, MPI_Comm comm, const char* what) {
+    MPI_Request request;
+    MPI_Iallreduce(MPI_IN_PLACE, data, count, MPI_INT, op, comm, &request);
+    wait_or_give_up(&request, what, comm, -1);
+}
 
 Communicator::Communicator(MPI_Comm comm) : comm_(comm) {
     MPI_Comm_rank(comm, &rank_);
@@ -56,7 +91,7 @@ bool Communicator::test(Transfer& t) {
 void Communicator::wait(Transfer& t) {
     if (!t.active) return;
     const double start = now_seconds();
-    MPI_Wait(&t.request, MPI_STATUS_IGNORE);
+    wait_or_give_up(&t.request, t.name, comm_, t.peer);
     sleep_until(t.ready_at);
     const double end = finish(t);
     if (t.counts) time.exposed += end - start;  // a part of the transfer's time, so never more than the total
@@ -64,12 +99,14 @@ void Communicator::wait(Transfer& t) {
 
 MpiTransfer Communicator::start_send(const float* data, size_t count, int peer, int tag) {
     Transfer t = begin("send", 0.0, false);
+    t.peer = peer;
     MPI_Isend(data, int(count), MPI_FLOAT, peer, tag, comm_, &t.request);
     return t;
 }
 
 MpiTransfer Communicator::start_receive(float* data, size_t count, int peer, int tag, const char* name) {
     Transfer t = begin(name, link.on() ? link.message_seconds(double(count) * 4) : 0.0, true);
+    t.peer = peer;
     MPI_Irecv(data, int(count), MPI_FLOAT, peer, tag, comm_, &t.request);
     return t;
 }
@@ -124,7 +161,10 @@ void Communicator::all_reduce_sum(float* data, size_t count) { all_reduce(data, 
 void Communicator::all_reduce_max(float* data, size_t count) { all_reduce(data, count, MPI_MAX); }
 
 void Communicator::all_reduce_sum(double* data, size_t count) {
-    if (size_ > 1) MPI_Allreduce(MPI_IN_PLACE, data, int(count), MPI_DOUBLE, MPI_SUM, comm_);
+    if (size_ == 1) return;
+    MPI_Request request;
+    MPI_Iallreduce(MPI_IN_PLACE, data, int(count), MPI_DOUBLE, MPI_SUM, comm_, &request);
+    wait_or_give_up(&request, "all-reduce of doubles", comm_, -1);
 }
 
 void Communicator::copy(float* dst, const float* src, size_t count) { std::memmove(dst, src, count * 4); }

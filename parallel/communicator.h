@@ -50,7 +50,19 @@ struct MpiTransfer {
     double ready_at = 0.0;  // when the emulated link would have delivered it
     bool counts = true;     // sends complete in a receive's shadow and do not count
     bool active = false;    // started and not yet complete
+    int peer = -1;          // the one rank it waits for (a send or receive), or -1 (a collective)
 };
+
+// How long one wait for peers may last (parallel.timeout_s) before this
+// process gives up on them, as PyTorch's NCCL watchdog does: a rank that
+// stopped (SIGSTOP, a hung device, a node MPI has not noticed is gone) would
+// otherwise leave every other rank waiting forever. On expiry the waiting
+// rank prints one line naming what it waited in, its group and the peer where
+// one is known, and ends the whole job with MPI_Abort. Process-wide: every
+// group of the process waits under the same deadline.
+void set_peer_timeout(double seconds);
+// MPI_Allreduce of ints over comm under that deadline; `what` names it in the line.
+void all_reduce_ints(int* data, int count, MPI_Op op, MPI_Comm comm, const char* what);
 
 class Communicator {
 public:

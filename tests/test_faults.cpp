@@ -325,6 +325,27 @@ TEST(Faults, SigtermToOneRankStopsAndSavesOnEveryRank) {
     EXPECT_FALSE(holds_a_temporary(dir / "ckpt"));
 }
 
+TEST(Faults, AStoppedRankEndsTheJobAfterParallelTimeoutInsteadOfHangingIt) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not installed, or tpsp built without MPI";
+    fs::path dir = scratch_dir();
+    fs::path wrapper = write_file(dir / "pid.sh", "#!/bin/bash\necho $$ > \"$0.$OMPI_COMM_WORLD_RANK\"\nexec \"$@\"\n");
+    fs::permissions(wrapper, fs::perms::owner_all);
+    Background job(mpi_env + "mpirun --oversubscribe -np 2 " + wrapper.string() + " " +
+                       tiny_train(dir, fast + "parallel.tp=2 parallel.timeout_s=3 train.steps=1000000 logging.every=1"),
+                   dir);
+    ASSERT_TRUE(job.wait_for_output("step     2/", 60)) << job.err();
+    const int rank_1 = std::stoi(read_text(wrapper.string() + ".1"));
+    kill(rank_1, SIGSTOP);  // alive, holding its sockets, making no progress
+    const int status = job.wait(60);
+    kill(rank_1, SIGKILL);  // in case the job did not end it
+    EXPECT_NE(status, 0);
+    EXPECT_NE(status, -1) << "the job hung past 60 s";
+    EXPECT_NE(job.err().find("tpsp: rank 0: the "), std::string::npos) << job.err();
+    EXPECT_NE(job.err().find("waited 3 s"), std::string::npos) << job.err();
+    EXPECT_NE(job.err().find("(parallel.timeout_s): a peer has stopped; ending the job"), std::string::npos)
+        << job.err();
+}
+
 TEST(Faults, AClosedStdoutDoesNotStopTheRun) {
     fs::path dir = scratch_dir();
     Outcome r = run(bounded + "bash -c '" + tiny_train(dir, fast + "train.steps=40 logging.every=1") +

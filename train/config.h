@@ -55,6 +55,9 @@ struct Config {
         bool tp_comm_overlap_rs_dgrad = false;
         std::string tp_comm_rs_method = "ring";  // ring | pipeline
         int tp_comm_num_splits = 4;
+        // How long a rank waits for its peers in one transfer before it ends
+        // the job (a peer that stopped would otherwise hang it forever).
+        int timeout_s = 300;
         // A measuring aid: hold every transfer back to this link's speed. 0 is off.
         float emulated_link_gbps = 0.0f, emulated_link_latency_us = 0.0f;
     } parallel;

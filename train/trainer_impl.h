@@ -56,7 +56,7 @@ bool on_every_rank(F&& work) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     int first_failure = error.empty() ? size : rank;
-    MPI_Allreduce(MPI_IN_PLACE, &first_failure, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    all_reduce_ints(&first_failure, 1, MPI_MIN, MPI_COMM_WORLD, "agreement on errors");
     if (first_failure == size) return true;
     if (rank == first_failure) {
         if (size > 1) std::fprintf(stderr, "tpsp: rank %d: %s\n", rank, error.c_str());
@@ -105,6 +105,7 @@ Trainer<Backend>::Trainer(const Config& config)
 template <class Backend>
 bool Trainer<Backend>::set_up() {
     if (cfg_.train.threads > 0) omp_set_num_threads(cfg_.train.threads);
+    set_peer_timeout(cfg_.parallel.timeout_s);
     if (!trainer_detail::on_every_rank([&] { build(); })) return false;
     tokens_per_step_ = shape_.batch * shape_.seq_len * cfg_.train.grad_accum * grid_.dp;
     flops_per_step_ = model_flops_per_token(gpt_, shape_.seq_len) * tokens_per_step_ / grid_.world_size;
@@ -300,7 +301,7 @@ StepMetrics Trainer<Backend>::train_step(int step) {
     const float norm = float(std::sqrt(norm_parts[0] + norm_parts[1]));
     // every rank decides alike: a non-finite step is not applied; a caught signal stops the run after this step
     int verdict[2] = {std::isfinite(loss) && std::isfinite(norm) ? 0 : 1, int(trainer_detail::caught_stop_signal)};
-    MPI_Allreduce(MPI_IN_PLACE, verdict, 2, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    all_reduce_ints(verdict, 2, MPI_MAX, MPI_COMM_WORLD, "agreement on the step");
     diverged_ = verdict[0] != 0;
     stop_signal_ = verdict[1];
     const float clip = cfg_.train.grad_clip > 0 && norm > cfg_.train.grad_clip ? cfg_.train.grad_clip / norm : 1.0f;
