@@ -38,6 +38,16 @@ GPTConfig read_checkpoint_config(const std::string& path) {
     if (c.max_seq_len <= 0 || c.vocab_size <= 0 || c.num_layers <= 0 || c.num_heads <= 0 || c.channels <= 0 ||
         c.padded_vocab_size < c.vocab_size || c.channels % c.num_heads != 0)
         throw FileError(path + ": checkpoint header describes an impossible model (" + describe(c) + ")");
+    if (c.channels > ModelLimits::channels || c.num_layers > ModelLimits::layers ||
+        c.max_seq_len > ModelLimits::seq_len || c.padded_vocab_size > ModelLimits::padded_vocab)
+        throw FileError(path + ": checkpoint header describes a model beyond tpsp's limits (" + describe(c) + ")");
+    // the size the header implies, checked before anything is allocated for it
+    const uintmax_t expected = 1024 + uintmax_t(full_parameter_count(c)) * 4;
+    std::error_code ec;
+    const uintmax_t actual = std::filesystem::file_size(path, ec);
+    if (ec || actual != expected)
+        throw FileError(path + ": checkpoint is " + std::to_string(actual) + " bytes, its header says " +
+                        std::to_string(expected) + (actual < expected ? " (truncated)" : " (trailing data)"));
     return c;
 }
 
@@ -59,14 +69,8 @@ void load_checkpoint(GPT& model, const std::string& path) {
 }
 
 void read_checkpoint_shard(const GPTConfig& config, int t, int rank, const std::string& path, float* shard) {
-    check_checkpoint_model(path, config);
+    check_checkpoint_model(path, config);  // its header, and the file's size against it
     const int64_t count = full_parameter_count(config);
-    uintmax_t expected = 1024 + uintmax_t(count) * 4;
-    std::error_code ec;
-    uintmax_t actual = std::filesystem::file_size(path, ec);
-    if (ec || actual != expected)
-        throw FileError(path + ": checkpoint is " + std::to_string(actual) + " bytes, expected " +
-                        std::to_string(expected) + (actual < expected ? " (truncated)" : " (trailing data)"));
     FILE* f = std::fopen(path.c_str(), "rb");
     if (!f) throw FileError(path + ": cannot open checkpoint");
     std::vector<float> full(static_cast<size_t>(count));

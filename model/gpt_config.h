@@ -11,6 +11,14 @@ namespace tpsp {
 // softmax row statistics (model.attention: cudnn; GPU only).
 enum class AttentionKernel { explicit_scores, cudnn_fused };
 
+// The largest model tpsp takes, from a config or a checkpoint header: within
+// these every size computed from the shape fits in 64 bits, and the element
+// counts the kernels index with int stay below 2^31 (with the run's own
+// limit on b·s, checked by the config).
+struct ModelLimits {
+    static constexpr int channels = 65536, layers = 4096, seq_len = 1 << 20, padded_vocab = 1 << 24;
+};
+
 struct GPTConfig {
     int max_seq_len = 1024;         // maxT: rows of wpe
     int vocab_size = 50257;         // V: real tokens

@@ -496,3 +496,28 @@ TEST(Faults, PrepareIntoADirectoryOfShardsIsRefusedUnlessToldToReplaceThem) {
     EXPECT_TRUE(fs::exists(dir / "out" / "train_000000.bin"));
     EXPECT_FALSE(fs::exists(dir / "out" / "train_000002.bin")) << "no shard of the earlier corpus is left";
 }
+
+// Sizes from a file or a config are bounded before anything is allocated for them.
+TEST(Faults, AHeaderOrConfigBeyondTheLimitsIsOneLineBeforeAnyAllocation) {
+    fs::path dir = scratch_dir();
+    // a 2 KB file whose header describes GPT-2 124M: its size is checked against the header first
+    int header[256] = {20240326, 3, 1024, 50257, 12, 12, 768, 50304};
+    std::ofstream(dir / "fake.bin", std::ios::binary).write(reinterpret_cast<const char*>(header), sizeof header)
+        << std::string(1000, '\0');
+    Outcome r = run(tpsp_binary + " sample " + (dir / "fake.bin").string() + " --tokens 5", dir);
+    EXPECT_EQ(r.exit_code, 1);
+    expect_one_line(r, "fake.bin: checkpoint is 2024 bytes, its header says 497904640 (truncated)");
+    // a header beyond the limits, whose sizes would overflow
+    header[6] = 1 << 29, header[5] = 1;
+    std::ofstream(dir / "huge.bin", std::ios::binary).write(reinterpret_cast<const char*>(header), sizeof header);
+    r = run(tpsp_binary + " sample " + (dir / "huge.bin").string() + " --tokens 5", dir);
+    EXPECT_EQ(r.exit_code, 1);
+    expect_one_line(r, "huge.bin: checkpoint header describes a model beyond tpsp's limits");
+    // a config whose sizes would not fit the kernels' indices
+    r = run(tpsp_binary + " memory " + tiny + " model.channels=536870912 model.heads=1", dir);
+    EXPECT_EQ(r.exit_code, 1);
+    expect_one_line(r, "model.channels: at most 65536");
+    r = run(tpsp_binary + " memory " + tiny + " train.batch_size=100000 train.seq_len=100000", dir);
+    EXPECT_EQ(r.exit_code, 1);
+    expect_one_line(r, "train.batch_size: b·s·max(4h, Vp) = 5120000000000 elements");
+}

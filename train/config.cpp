@@ -262,6 +262,20 @@ void validate(const Config& c, const std::string& where) {
     if (c.model.padded_vocab_size != 0 && c.model.padded_vocab_size < c.model.vocab_size)
         fail("model.padded_vocab_size", "must be ≥ model.vocab_size = " + std::to_string(c.model.vocab_size));
     if (c.model.vocab_size > 65536) fail("model.vocab_size", "token shards hold uint16 tokens: at most 65536");
+    if (c.model.channels > ModelLimits::channels)
+        fail("model.channels", "at most " + std::to_string(ModelLimits::channels));
+    if (c.model.layers > ModelLimits::layers) fail("model.layers", "at most " + std::to_string(ModelLimits::layers));
+    if (c.train.seq_len > ModelLimits::seq_len || c.model.max_seq_len > ModelLimits::seq_len)
+        fail("train.seq_len", "at most " + std::to_string(ModelLimits::seq_len));
+    if (c.model.padded_vocab_size > ModelLimits::padded_vocab)
+        fail("model.padded_vocab_size", "at most " + std::to_string(ModelLimits::padded_vocab));
+    // the largest activation, [s, b, max(4h, Vp)], is indexed with int in the kernels
+    const int64_t widest = std::max<int64_t>(
+        4 * int64_t(c.model.channels), c.model.padded_vocab_size ? c.model.padded_vocab_size : c.model.vocab_size);
+    if (int64_t(c.train.batch_size) * c.train.seq_len * widest >= (int64_t(1) << 31))
+        fail("train.batch_size",
+             "b·s·max(4h, Vp) = " + std::to_string(int64_t(c.train.batch_size) * c.train.seq_len * widest) +
+                 " elements: at most 2^31 − 1 in one activation tensor");
     if (c.model.max_seq_len != 0 && c.model.max_seq_len < c.train.seq_len)
         fail("model.max_seq_len", "must be ≥ train.seq_len = " + std::to_string(c.train.seq_len));
     const int t = c.parallel.tp;
