@@ -83,14 +83,20 @@ GPT2Tokenizer::GPT2Tokenizer(const std::string& dir) : regex_(std::make_unique<R
     } catch (const nlohmann::json::exception& e) {
         throw FileError(encoder_path + ": not valid JSON (" + e.what() + ")");
     }
+    if (!encoder.is_object()) throw FileError(encoder_path + ": not a JSON object of token ids");
     token_bytes_.resize(encoder.size());
     for (auto it = encoder.begin(); it != encoder.end(); ++it) {
-        int id = it.value().get<int>();
-        if (id < 0 || size_t(id) >= token_bytes_.size()) throw FileError(encoder_path + ": token id out of range");
+        if (!it.value().is_number_integer()) throw FileError(encoder_path + ": token " + it.key() + ": not an id");
+        const int64_t id = it.value().get<int64_t>();
+        if (id < 0 || uint64_t(id) >= token_bytes_.size()) throw FileError(encoder_path + ": token id out of range");
         token_bytes_[size_t(id)] = to_bytes(it.key(), encoder_path);  // <|endoftext|> is printable ASCII too
-        byte_token_[token_bytes_[size_t(id)]] = id;
+        byte_token_[token_bytes_[size_t(id)]] = int(id);
     }
-    for (int b = 0; b < 256; b++) single_byte_[b] = byte_token_.at(std::string(1, char(b)));
+    for (int b = 0; b < 256; b++) {
+        auto single = byte_token_.find(std::string(1, char(b)));
+        if (single == byte_token_.end()) throw FileError(encoder_path + ": no token for byte " + std::to_string(b));
+        single_byte_[b] = single->second;
+    }
 
     // the merges, in rank order: "left right" per line after a version line
     std::istringstream merges(read_text(merges_path));

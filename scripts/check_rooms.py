@@ -13,7 +13,7 @@ import pathlib
 import re
 import sys
 
-ROOMS = ["common", "parallel", "data", "model/kernels", "model", "train", "tests"]
+ROOMS = ["common", "parallel", "data", "model/kernels", "model", "train", "tests", "fuzz"]
 ALLOWED = {
     "common": {"common"},
     "parallel": {"common", "parallel"},
@@ -22,6 +22,7 @@ ALLOWED = {
     "model": {"common", "parallel", "model", "model/kernels"},
     "train": {"common", "parallel", "data", "model", "train"},
     "tests": set(ROOMS),
+    "fuzz": set(ROOMS),
 }
 # Plain values that the config, the memory report and the checkpoint header
 # share: whatever they include, transitively, must not bring in MPI or kernels.
