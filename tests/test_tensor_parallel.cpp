@@ -82,10 +82,16 @@ void compare_with_one_rank(int t, bool sequence_parallel) {
                                      block))
                 << "attention mask, layer " << l;
         }
+        EXPECT_EQ(0, std::memcmp(split.blocks[l].proj_dropout_mask,
+                                 one.blocks[l].proj_dropout_mask + size_t(first_row) * C, size_t(rows) * C))
+            << "attention proj mask, layer " << l;
         EXPECT_EQ(0, std::memcmp(split.blocks[l].fc2_dropout_mask,
                                  one.blocks[l].fc2_dropout_mask + size_t(first_row) * C, size_t(rows) * C))
             << "fc2 mask, layer " << l;
     }
+    EXPECT_EQ(0, std::memcmp(split.outside.embedding_dropout_mask,
+                             one.outside.embedding_dropout_mask + size_t(first_row) * C, size_t(rows) * C))
+        << "embedding mask";
 
     // every gradient, the shards gathered into the whole model's layout
     std::vector<float> shards(size_t(split.num_parameters) * t), full(size_t(one.num_parameters));
