@@ -14,6 +14,7 @@
 #include "model/gpt.h"
 #include "model/memory_report.h"
 #include "parallel/communicator.h"
+#include "parallel/overlap.h"
 #include "tests/test_support.h"
 
 using namespace tpsp;
@@ -189,9 +190,6 @@ TEST(Overlap, EverySwitchAloneAndAllTogetherLeaveTheNumbersUnchanged) {
             compare_overlap_with_plain(t, c.settings, c.name);
 }
 
-// The ring that the overlap schedules will run on: t − 1 hops of sending
-// what one holds to the next rank while receiving from the previous, polled
-// until done, assemble the all-gather.
 // Recomputation changes what is kept, never the numbers: with dropout on,
 // the loss and every gradient are the same bits under selective and full
 // recomputation (uniform runs of 2 and of 1 over 3 blocks, so one run is
@@ -268,23 +266,83 @@ TEST(Recompute, SelectiveAndFullGiveTheSameLossAndGradientsBitForBit) {
     compare_recompute_modes_with_none(2, true, {}, 0.0f);  // no masks, S is S'
 }
 
-TEST(Communicator, ARingOfPointToPointExchangesAllGathers) {
+// tpsp's own overlap schedules (parallel/overlap.h) on the 4 ranks of the
+// world, against the plain collectives, on whole numbers so that any order of
+// summation gives the same bits. Each compute callback records which chunk it
+// was handed at which step, and checks that the chunk's data had arrived.
+float value_of(int rank, int chunk, size_t i) { return float(1000 * rank + 100 * chunk + int(i)); }
+
+TEST(Communicator, TheRingAllGatherHandsEachChunkOverAsItArrives) {
     Communicator world(MPI_COMM_WORLD);
-    const int t = world.size(), me = world.rank(), count = 5;
-    std::vector<float> mine(count), ring(size_t(count) * t), gathered(size_t(count) * t);
-    for (int i = 0; i < count; i++) mine[i] = float(100 * me + i);
-    std::copy(mine.begin(), mine.end(), ring.begin() + me * count);
-    for (int hop = 0; hop < t - 1; hop++) {
-        int send_chunk = (me - hop + t) % t, receive_chunk = (me - hop - 1 + t) % t;
-        MpiTransfer sent = world.start_send(ring.data() + send_chunk * count, count, (me + 1) % t, hop);
-        MpiTransfer received = world.start_receive(ring.data() + receive_chunk * count, count, (me - 1 + t) % t, hop,
-                                                   "ring");
-        while (!world.test(received)) {
-        }
-        world.wait(sent);
-    }
-    world.all_gather(mine.data(), gathered.data(), count);
-    EXPECT_EQ(ring, gathered);
+    const int t = world.size(), me = world.rank();
+    const size_t count = 5;
+    std::vector<float> mine(count), ring(count * t), plain(count * t);
+    for (size_t i = 0; i < count; i++) mine[i] = value_of(me, 0, i);
+    world.all_gather(mine.data(), plain.data(), count);
+    std::vector<int> order;
+    ring_all_gather_overlapped(world, mine.data(), ring.data(), count,
+                               [&](int chunk, const float* data, const Poll<Communicator>& poll) {
+                                   order.push_back(chunk);
+                                   EXPECT_EQ(data, ring.data() + size_t(chunk) * count);
+                                   EXPECT_TRUE(std::equal(data, data + count, plain.begin() + chunk * count))
+                                       << "chunk " << chunk << " handed over before it arrived";
+                                   poll();
+                               });
+    EXPECT_EQ(ring, plain);
+    std::vector<int> expected;  // its own chunk first, then the next rank's, around the ring
+    for (int step = 0; step < t; step++) expected.push_back((me + step) % t);
+    EXPECT_EQ(order, expected);
+}
+
+TEST(Communicator, TheRingReduceScatterAddsEachPartialAsItsAccumulatorPasses) {
+    Communicator world(MPI_COMM_WORLD);
+    const int t = world.size(), me = world.rank();
+    const size_t count = 5;
+    std::vector<float> full(count * t), plain(count), ring(count), scratch(3 * count);
+    for (int chunk = 0; chunk < t; chunk++)
+        for (size_t i = 0; i < count; i++) full[chunk * count + i] = value_of(me, chunk, i);
+    world.reduce_scatter(full.data(), plain.data(), count);
+    std::vector<int> order;
+    ring_reduce_scatter_overlapped(world, ring.data(), scratch.data(), count,
+                                   [&](int chunk, float* out, const Poll<Communicator>& poll) {
+                                       order.push_back(chunk);
+                                       std::copy_n(full.begin() + chunk * count, count, out);
+                                       poll();
+                                   });
+    EXPECT_EQ(ring, plain);
+    std::vector<int> expected;  // the accumulator of chunk me − 1 starts here; its own comes home last
+    for (int step = 0; step < t; step++) expected.push_back((me - step - 1 + t) % t);
+    EXPECT_EQ(order, expected);
+}
+
+TEST(Communicator, ThePipelinedReduceScatterSendsEachColumnRangeAsItIsProduced) {
+    Communicator world(MPI_COMM_WORLD);
+    const int t = world.size(), me = world.rank(), splits = 3;
+    const size_t rows = 2, cols = 7;  // column ranges of 2, 2 and 3
+    std::vector<float> full(size_t(t) * rows * cols), plain(rows * cols), pipelined(rows * cols);
+    std::vector<float> packed(full.size()), received(rows * cols);
+    for (size_t row = 0; row < t * rows; row++)
+        for (size_t col = 0; col < cols; col++) full[row * cols + col] = value_of(me, int(row), col);
+    world.reduce_scatter(full.data(), plain.data(), rows * cols);
+    std::vector<int> order;
+    bool then_ran = false;
+    pipelined_reduce_scatter_overlapped(
+        world, pipelined.data(), packed.data(), received.data(), rows, cols, splits,
+        [&](int k, size_t c0, size_t c1, float* part, const Poll<Communicator>& poll) {
+            order.push_back(k);
+            EXPECT_EQ(c1 - c0, k + 1 < splits ? 2u : 3u);
+            for (size_t row = 0; row < t * rows; row++)
+                std::copy(full.begin() + row * cols + c0, full.begin() + row * cols + c1, part + row * (c1 - c0));
+            poll();
+        },
+        [&](const Poll<Communicator>& poll) {
+            EXPECT_EQ(int(order.size()), splits) << "then() ran before every part was produced";
+            then_ran = true;
+            poll();
+        });
+    EXPECT_EQ(pipelined, plain);
+    EXPECT_EQ(order, (std::vector<int>{0, 1, 2}));
+    EXPECT_TRUE(then_ran);
 }
 
 int main(int argc, char** argv) {
