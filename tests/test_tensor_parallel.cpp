@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -15,7 +16,9 @@
 #include "model/memory_report.h"
 #include "parallel/communicator.h"
 #include "parallel/overlap.h"
+#include "parallel/trace.h"
 #include "tests/test_support.h"
+#include "train/config.h"
 
 using namespace tpsp;
 
@@ -188,6 +191,93 @@ TEST(Overlap, EverySwitchAloneAndAllTogetherLeaveTheNumbersUnchanged) {
               Case{"bulk dgrad", bulk_dgrad}, Case{"bulk wgrad", bulk_wgrad}, Case{"rs dgrad", rs_dgrad},
               Case{"all (bulk)", all}, Case{"all (rs dgrad, pipeline, 3 splits)", all_rs_dgrad}})
             compare_overlap_with_plain(t, c.settings, c.name);
+}
+
+// The numbers above would not change if a switch silently fell back to the
+// plain path; the trace says which path ran. The communication spans of one
+// forward+backward at t = 2, counted by name.
+using SpanCounts = std::map<std::string, int>;
+
+SpanCounts communication_spans(int t, const OverlapSettings& overlap) {
+    TpGroup tp_group(t);
+    Communicator& group = tp_group.group;
+    Tracer tracer;
+    tracer.enable(100000);
+    group.tracer = &tracer;
+    const GPTConfig config = tiny_config();
+    const int N = shape.batch * shape.seq_len;
+    std::vector<int> tokens = tpsp::testing::random_tokens(N, config.vocab_size, 5);
+    GPT model(config, shape, {t, group.rank(), true, overlap}, &group);
+    model.init_random(3);
+    model.zero_grad();
+    model.forward(tokens.data(), tokens.data() + 1, {1, 2, 0});
+    model.backward(1.0f / N);
+    SpanCounts counts;
+    for (const char* name :
+         {"all-gather", "reduce-scatter", "ring all-gather", "ring reduce-scatter", "pipelined reduce-scatter",
+          "bulk all-gather", "bulk reduce-scatter", "all-gather for wgrad"})
+        counts[name] = tracer.count(name, Track::communication);
+    return counts;
+}
+
+// The switches as a config gives them to the model (Config::overlap()
+// applies the master switch and rs_dgrad's precedence): the master switch on,
+// every other off.
+Config::Parallel master_switch_alone() {
+    Config::Parallel p;
+    p.tp_comm_overlap = true;
+    p.tp_comm_overlap_ag = p.tp_comm_overlap_rs = p.tp_comm_bulk_dgrad = p.tp_comm_bulk_wgrad = false;
+    p.tp_comm_overlap_rs_dgrad = false;
+    return p;
+}
+
+// Each switch replaces the plain collectives of its linears by its schedule's
+// transfers. The column-parallel linears are qkv and fc1 of every layer and
+// the LM head (2L + 1), the row-parallel ones attention proj and fc2 (2L); a
+// ring at t = 2 is one receive, a pipelined reduce-scatter one transfer per
+// split.
+TEST(Overlap, EverySwitchRunsItsScheduleInPlaceOfThePlainCollectives) {
+    const int t = 2, L = tiny_config().num_layers, splits = Config::Parallel{}.tp_comm_num_splits;
+    const int columns = 2 * L + 1, rows = 2 * L;
+    const SpanCounts plain = communication_spans(t, OverlapSettings{});
+    // per layer AG: 2 forward, 2 ḡ backward, 2 re-gathers; RS: 2 forward, 2 g backward;
+    // the embedding adds RS + AG, the LM head AG + AG + RS
+    EXPECT_EQ(plain.at("all-gather"), 6 * L + 3);
+    EXPECT_EQ(plain.at("reduce-scatter"), 4 * L + 2);
+    auto expect_spans = [&](const char* what, const Config::Parallel& switches, const SpanCounts& change) {
+        SCOPED_TRACE(what);
+        Config config;
+        config.parallel = switches;
+        SpanCounts expected = plain;
+        for (const auto& [name, delta] : change) expected[name] += delta;
+        EXPECT_EQ(communication_spans(t, config.overlap()), expected);
+    };
+    Config::Parallel p = master_switch_alone();
+    p.tp_comm_overlap_ag = true;  // column forward, row backward
+    expect_spans("tp_comm_overlap_ag", p, {{"all-gather", -columns - rows}, {"ring all-gather", columns + rows}});
+    p = master_switch_alone();
+    p.tp_comm_overlap_rs = true;  // row forward
+    expect_spans("tp_comm_overlap_rs, ring", p, {{"reduce-scatter", -rows}, {"ring reduce-scatter", rows}});
+    p.tp_comm_rs_method = "pipeline";
+    expect_spans("tp_comm_overlap_rs, pipeline", p,
+                 {{"reduce-scatter", -rows}, {"pipelined reduce-scatter", rows * splits}});
+    p = master_switch_alone();
+    p.tp_comm_bulk_dgrad = true;  // column backward's re-gather
+    expect_spans("tp_comm_bulk_dgrad", p, {{"all-gather", -columns}, {"bulk all-gather", columns}});
+    p = master_switch_alone();
+    p.tp_comm_bulk_wgrad = true;  // column backward's reduce-scatter
+    expect_spans("tp_comm_bulk_wgrad", p, {{"reduce-scatter", -columns}, {"bulk reduce-scatter", columns}});
+    p = master_switch_alone();
+    p.tp_comm_overlap_rs_dgrad = p.tp_comm_bulk_dgrad = p.tp_comm_bulk_wgrad = true;  // the bulk ones give way
+    expect_spans("tp_comm_overlap_rs_dgrad", p,
+                 {{"all-gather", -columns},
+                  {"all-gather for wgrad", columns},
+                  {"reduce-scatter", -columns},
+                  {"pipelined reduce-scatter", columns * splits}});
+    p = Config::Parallel{};
+    p.tp_comm_overlap_rs_dgrad = true;  // every switch on but the master one
+    p.tp_comm_overlap = false;
+    expect_spans("tp_comm_overlap=false", p, {});
 }
 
 // Recomputation changes what is kept, never the numbers: with dropout on,
