@@ -407,11 +407,18 @@ TEST(TensorParallelTraining, ACheckpointSavedAtTwoRanksResumesAtOneAndFour) {
 TEST(TensorParallelTraining, AKilledRankEndsTheRunInsteadOfHanging) {
     if (!have_mpirun()) GTEST_SKIP() << "mpirun not installed";
     fs::path dir = scratch_dir();
-    // rank 1 is killed mid-run: the other must not wait for it forever
-    fs::path wrapper = write_file(dir / "kill_rank_1.sh",
-                                  "#!/bin/bash\n"
-                                  "if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then (sleep 3; kill -9 $$) & fi\n"
-                                  "exec \"$@\"\n");
+    // rank 1 is killed mid-run, once the first step's metrics line shows that
+    // training has begun (a clock could fire before the first step on a busy
+    // machine): the other rank must not wait for it forever. The watcher ends
+    // with the rank should it never see the line, and holds none of mpirun's
+    // pipes, which mpirun would wait for.
+    const fs::path metrics = dir / "metrics.jsonl", killed = dir / "killed";
+    const std::string kill_after_the_first_step = "until [ -s " + metrics.string() +
+                                                  " ]; do kill -0 $$ || exit; sleep 0.05; done; touch " +
+                                                  killed.string() + "; kill -9 $$";
+    fs::path wrapper = write_file(dir / "kill_rank_1.sh", "#!/bin/bash\nif [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then (" +
+                                                              kill_after_the_first_step +
+                                                              ") < /dev/null &> /dev/null & fi\nexec \"$@\"\n");
     fs::permissions(wrapper, fs::perms::owner_all);
     std::string command = mpi_env + "timeout 60 mpirun --oversubscribe -np 2 " + wrapper.string() + " " +
                           tiny_train(dir, short_run + "train.steps=100000 parallel.tp=2");
@@ -421,7 +428,8 @@ TEST(TensorParallelTraining, AKilledRankEndsTheRunInsteadOfHanging) {
     EXPECT_NE(r.exit_code, 0);
     EXPECT_NE(r.exit_code, 124) << "the run hung until timeout killed it";
     EXPECT_LT(seconds, 33.0);
-    EXPECT_GE(field(dir / "metrics.jsonl", "loss").size(), 1u) << "the run never started: " << r.err;
+    EXPECT_TRUE(fs::exists(killed)) << "rank 1 was never killed: " << r.err;
+    EXPECT_GE(field(metrics, "loss").size(), 1u) << "the run never started: " << r.err;
 }
 
 TEST(TensorParallelTraining, ALayoutThatDoesNotFitIsOneLineFromRankZero) {
