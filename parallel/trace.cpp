@@ -37,6 +37,11 @@ std::vector<std::pair<std::string, double>> Tracer::compute_seconds_by_name() co
     return totals;
 }
 
+int Tracer::count(const std::string& name, Track track) const {
+    return int(std::count_if(events_.begin(), events_.end(),
+                             [&](const Event& e) { return e.track == track && name == e.name; }));
+}
+
 void Tracer::write(const std::string& path, int rank, void* comm_ptr) const {
     MPI_Comm comm = *static_cast<MPI_Comm*>(comm_ptr);
     std::string json;

@@ -28,6 +28,8 @@ public:
     void write(const std::string& path, int rank, void* comm) const;
     // Seconds spent in each compute span name, in order of first appearance.
     std::vector<std::pair<std::string, double>> compute_seconds_by_name() const;
+    // How many spans of this name the track holds: which schedule ran (the tests read it).
+    int count(const std::string& name, Track track) const;
 
     // Called at both ends of every compute span while enabled: the backend's
     // synchronize, so that on a GPU, whose kernels run after they are

@@ -10,11 +10,18 @@
 #   6. the same benchmark with dropout 0.1 under each model.recompute mode: time and the arenas' bytes
 # The log goes to stdout and to $OUT/gpu_check.log (OUT: the device tool's folder; /tmp otherwise).
 # Every step has its own time limit, so that one that hangs leaves time for the rest.
+# A step that fails is named and the rest still run; the script then exits 1 and names every
+# failed step last. The dependencies and the build stop it at once: nothing after them could run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 log="${OUT:-/tmp}/gpu_check.log"
 exec > >(tee "$log") 2>&1
 step() { echo; echo "== $* ($(date +%T))"; }
+failures=()
+failed() {
+  echo "$1 FAILED"
+  failures+=("$1")
+}
 
 step "dependencies"
 deps=/tmp/tpsp_deps
@@ -43,31 +50,36 @@ cmake --build build-gpu -j"$(nproc)" --target tpsp tpsp_gpu_tests
 
 step "GPU tests (one process each: a kernel that faults cannot take the others down)"
 ctest --test-dir build-gpu -R 'CudaKernels|CudaModel|FusedAttention' --output-on-failure --timeout 90 ||
-  echo "GPU TESTS FAILED"
+  failed "GPU TESTS"
 
 step "tiny config, 200 steps on the GPU"
 timeout 120 build-gpu/tpsp train configs/tiny.yaml train.device=cuda train.steps=200 train.val_every=100 \
-  checkpoint.dir= logging.metrics= logging.every=20 || echo "TRAINING FAILED"
+  checkpoint.dir= logging.metrics= logging.every=20 || failed "TRAINING"
 
 step "tiny config, 100 steps with cuDNN's fused attention"
 timeout 120 build-gpu/tpsp train configs/tiny.yaml train.device=cuda model.attention=cudnn train.steps=100 \
-  train.val_every=100 checkpoint.dir= logging.metrics= logging.every=20 || echo "CUDNN TRAINING FAILED"
+  train.val_every=100 checkpoint.dir= logging.metrics= logging.every=20 || failed "CUDNN TRAINING"
 
 step "benchmark: GPT-2 124M, B = 16, T = 1024"
 timeout 120 build-gpu/tpsp bench configs/gpt2_124m.yaml train.device=cuda train.batch_size=16 train.seq_len=1024 \
-  model.dropout=0 --steps 10 --breakdown || echo "BENCHMARK FAILED"
+  model.dropout=0 --steps 10 --breakdown || failed "BENCHMARK"
 build-gpu/tpsp memory configs/gpt2_124m.yaml train.device=cuda train.batch_size=16 train.seq_len=1024 |
-  grep -E "^model:|formula per block|table per block|saved activations:"
+  grep -E "^model:|formula per block|table per block|saved activations:" || failed "MEMORY TABLE"
 
 step "benchmark: the same with cuDNN's fused attention"
 timeout 120 build-gpu/tpsp bench configs/gpt2_124m.yaml train.device=cuda train.batch_size=16 \
-  train.seq_len=1024 model.dropout=0 model.attention=cudnn --steps 10 --breakdown || echo "CUDNN BENCHMARK FAILED"
+  train.seq_len=1024 model.dropout=0 model.attention=cudnn --steps 10 --breakdown || failed "CUDNN BENCHMARK"
 build-gpu/tpsp memory configs/gpt2_124m.yaml train.device=cuda train.batch_size=16 train.seq_len=1024 \
-  model.attention=cudnn | grep -E "formula per block|table per block|saved activations:"
+  model.attention=cudnn | grep -E "formula per block|table per block|saved activations:" || failed "CUDNN MEMORY TABLE"
+
 step "recomputation: GPT-2 124M, B = 16, T = 1024, dropout 0.1, none / selective / full"
 for mode in none selective full; do
   timeout 120 build-gpu/tpsp bench configs/gpt2_124m.yaml train.device=cuda train.batch_size=16 \
-    train.seq_len=1024 model.dropout=0.1 model.recompute=$mode --steps 5 || echo "RECOMPUTE $mode BENCHMARK FAILED"
+    train.seq_len=1024 model.dropout=0.1 model.recompute=$mode --steps 5 || failed "RECOMPUTE $mode BENCHMARK"
 done
 
 step "done"
+if [ ${#failures[@]} -gt 0 ]; then
+  printf 'failed steps: %s\n' "${failures[*]}"
+  exit 1
+fi

@@ -8,13 +8,17 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "model/gpt.h"
 #include "model/memory_report.h"
 #include "parallel/communicator.h"
+#include "parallel/overlap.h"
+#include "parallel/trace.h"
 #include "tests/test_support.h"
+#include "train/config.h"
 
 using namespace tpsp;
 
@@ -82,10 +86,16 @@ void compare_with_one_rank(int t, bool sequence_parallel) {
                                      block))
                 << "attention mask, layer " << l;
         }
+        EXPECT_EQ(0, std::memcmp(split.blocks[l].proj_dropout_mask,
+                                 one.blocks[l].proj_dropout_mask + size_t(first_row) * C, size_t(rows) * C))
+            << "attention proj mask, layer " << l;
         EXPECT_EQ(0, std::memcmp(split.blocks[l].fc2_dropout_mask,
                                  one.blocks[l].fc2_dropout_mask + size_t(first_row) * C, size_t(rows) * C))
             << "fc2 mask, layer " << l;
     }
+    EXPECT_EQ(0, std::memcmp(split.outside.embedding_dropout_mask,
+                             one.outside.embedding_dropout_mask + size_t(first_row) * C, size_t(rows) * C))
+        << "embedding mask";
 
     // every gradient, the shards gathered into the whole model's layout
     std::vector<float> shards(size_t(split.num_parameters) * t), full(size_t(one.num_parameters));
@@ -183,9 +193,93 @@ TEST(Overlap, EverySwitchAloneAndAllTogetherLeaveTheNumbersUnchanged) {
             compare_overlap_with_plain(t, c.settings, c.name);
 }
 
-// The ring that the overlap schedules will run on: t − 1 hops of sending
-// what one holds to the next rank while receiving from the previous, polled
-// until done, assemble the all-gather.
+// The numbers above would not change if a switch silently fell back to the
+// plain path; the trace says which path ran. The communication spans of one
+// forward+backward at t = 2, counted by name.
+using SpanCounts = std::map<std::string, int>;
+
+SpanCounts communication_spans(int t, const OverlapSettings& overlap) {
+    TpGroup tp_group(t);
+    Communicator& group = tp_group.group;
+    Tracer tracer;
+    tracer.enable(100000);
+    group.tracer = &tracer;
+    const GPTConfig config = tiny_config();
+    const int N = shape.batch * shape.seq_len;
+    std::vector<int> tokens = tpsp::testing::random_tokens(N, config.vocab_size, 5);
+    GPT model(config, shape, {t, group.rank(), true, overlap}, &group);
+    model.init_random(3);
+    model.zero_grad();
+    model.forward(tokens.data(), tokens.data() + 1, {1, 2, 0});
+    model.backward(1.0f / N);
+    SpanCounts counts;
+    for (const char* name :
+         {"all-gather", "reduce-scatter", "ring all-gather", "ring reduce-scatter", "pipelined reduce-scatter",
+          "bulk all-gather", "bulk reduce-scatter", "all-gather for wgrad"})
+        counts[name] = tracer.count(name, Track::communication);
+    return counts;
+}
+
+// The switches as a config gives them to the model (Config::overlap()
+// applies the master switch and rs_dgrad's precedence): the master switch on,
+// every other off.
+Config::Parallel master_switch_alone() {
+    Config::Parallel p;
+    p.tp_comm_overlap = true;
+    p.tp_comm_overlap_ag = p.tp_comm_overlap_rs = p.tp_comm_bulk_dgrad = p.tp_comm_bulk_wgrad = false;
+    p.tp_comm_overlap_rs_dgrad = false;
+    return p;
+}
+
+// Each switch replaces the plain collectives of its linears by its schedule's
+// transfers. The column-parallel linears are qkv and fc1 of every layer and
+// the LM head (2L + 1), the row-parallel ones attention proj and fc2 (2L); a
+// ring at t = 2 is one receive, a pipelined reduce-scatter one transfer per
+// split.
+TEST(Overlap, EverySwitchRunsItsScheduleInPlaceOfThePlainCollectives) {
+    const int t = 2, L = tiny_config().num_layers, splits = Config::Parallel{}.tp_comm_num_splits;
+    const int columns = 2 * L + 1, rows = 2 * L;
+    const SpanCounts plain = communication_spans(t, OverlapSettings{});
+    // per layer AG: 2 forward, 2 ḡ backward, 2 re-gathers; RS: 2 forward, 2 g backward;
+    // the embedding adds RS + AG, the LM head AG + AG + RS
+    EXPECT_EQ(plain.at("all-gather"), 6 * L + 3);
+    EXPECT_EQ(plain.at("reduce-scatter"), 4 * L + 2);
+    auto expect_spans = [&](const char* what, const Config::Parallel& switches, const SpanCounts& change) {
+        SCOPED_TRACE(what);
+        Config config;
+        config.parallel = switches;
+        SpanCounts expected = plain;
+        for (const auto& [name, delta] : change) expected[name] += delta;
+        EXPECT_EQ(communication_spans(t, config.overlap()), expected);
+    };
+    Config::Parallel p = master_switch_alone();
+    p.tp_comm_overlap_ag = true;  // column forward, row backward
+    expect_spans("tp_comm_overlap_ag", p, {{"all-gather", -columns - rows}, {"ring all-gather", columns + rows}});
+    p = master_switch_alone();
+    p.tp_comm_overlap_rs = true;  // row forward
+    expect_spans("tp_comm_overlap_rs, ring", p, {{"reduce-scatter", -rows}, {"ring reduce-scatter", rows}});
+    p.tp_comm_rs_method = "pipeline";
+    expect_spans("tp_comm_overlap_rs, pipeline", p,
+                 {{"reduce-scatter", -rows}, {"pipelined reduce-scatter", rows * splits}});
+    p = master_switch_alone();
+    p.tp_comm_bulk_dgrad = true;  // column backward's re-gather
+    expect_spans("tp_comm_bulk_dgrad", p, {{"all-gather", -columns}, {"bulk all-gather", columns}});
+    p = master_switch_alone();
+    p.tp_comm_bulk_wgrad = true;  // column backward's reduce-scatter
+    expect_spans("tp_comm_bulk_wgrad", p, {{"reduce-scatter", -columns}, {"bulk reduce-scatter", columns}});
+    p = master_switch_alone();
+    p.tp_comm_overlap_rs_dgrad = p.tp_comm_bulk_dgrad = p.tp_comm_bulk_wgrad = true;  // the bulk ones give way
+    expect_spans("tp_comm_overlap_rs_dgrad", p,
+                 {{"all-gather", -columns},
+                  {"all-gather for wgrad", columns},
+                  {"reduce-scatter", -columns},
+                  {"pipelined reduce-scatter", columns * splits}});
+    p = Config::Parallel{};
+    p.tp_comm_overlap_rs_dgrad = true;  // every switch on but the master one
+    p.tp_comm_overlap = false;
+    expect_spans("tp_comm_overlap=false", p, {});
+}
+
 // Recomputation changes what is kept, never the numbers: with dropout on,
 // the loss and every gradient are the same bits under selective and full
 // recomputation (uniform runs of 2 and of 1 over 3 blocks, so one run is
@@ -262,23 +356,83 @@ TEST(Recompute, SelectiveAndFullGiveTheSameLossAndGradientsBitForBit) {
     compare_recompute_modes_with_none(2, true, {}, 0.0f);  // no masks, S is S'
 }
 
-TEST(Communicator, ARingOfPointToPointExchangesAllGathers) {
+// tpsp's own overlap schedules (parallel/overlap.h) on the 4 ranks of the
+// world, against the plain collectives, on whole numbers so that any order of
+// summation gives the same bits. Each compute callback records which chunk it
+// was handed at which step, and checks that the chunk's data had arrived.
+float value_of(int rank, int chunk, size_t i) { return float(1000 * rank + 100 * chunk + int(i)); }
+
+TEST(Communicator, TheRingAllGatherHandsEachChunkOverAsItArrives) {
     Communicator world(MPI_COMM_WORLD);
-    const int t = world.size(), me = world.rank(), count = 5;
-    std::vector<float> mine(count), ring(size_t(count) * t), gathered(size_t(count) * t);
-    for (int i = 0; i < count; i++) mine[i] = float(100 * me + i);
-    std::copy(mine.begin(), mine.end(), ring.begin() + me * count);
-    for (int hop = 0; hop < t - 1; hop++) {
-        int send_chunk = (me - hop + t) % t, receive_chunk = (me - hop - 1 + t) % t;
-        MpiTransfer sent = world.start_send(ring.data() + send_chunk * count, count, (me + 1) % t, hop);
-        MpiTransfer received = world.start_receive(ring.data() + receive_chunk * count, count, (me - 1 + t) % t, hop,
-                                                   "ring");
-        while (!world.test(received)) {
-        }
-        world.wait(sent);
-    }
-    world.all_gather(mine.data(), gathered.data(), count);
-    EXPECT_EQ(ring, gathered);
+    const int t = world.size(), me = world.rank();
+    const size_t count = 5;
+    std::vector<float> mine(count), ring(count * t), plain(count * t);
+    for (size_t i = 0; i < count; i++) mine[i] = value_of(me, 0, i);
+    world.all_gather(mine.data(), plain.data(), count);
+    std::vector<int> order;
+    ring_all_gather_overlapped(world, mine.data(), ring.data(), count,
+                               [&](int chunk, const float* data, const Poll<Communicator>& poll) {
+                                   order.push_back(chunk);
+                                   EXPECT_EQ(data, ring.data() + size_t(chunk) * count);
+                                   EXPECT_TRUE(std::equal(data, data + count, plain.begin() + chunk * count))
+                                       << "chunk " << chunk << " handed over before it arrived";
+                                   poll();
+                               });
+    EXPECT_EQ(ring, plain);
+    std::vector<int> expected;  // its own chunk first, then the next rank's, around the ring
+    for (int step = 0; step < t; step++) expected.push_back((me + step) % t);
+    EXPECT_EQ(order, expected);
+}
+
+TEST(Communicator, TheRingReduceScatterAddsEachPartialAsItsAccumulatorPasses) {
+    Communicator world(MPI_COMM_WORLD);
+    const int t = world.size(), me = world.rank();
+    const size_t count = 5;
+    std::vector<float> full(count * t), plain(count), ring(count), scratch(3 * count);
+    for (int chunk = 0; chunk < t; chunk++)
+        for (size_t i = 0; i < count; i++) full[chunk * count + i] = value_of(me, chunk, i);
+    world.reduce_scatter(full.data(), plain.data(), count);
+    std::vector<int> order;
+    ring_reduce_scatter_overlapped(world, ring.data(), scratch.data(), count,
+                                   [&](int chunk, float* out, const Poll<Communicator>& poll) {
+                                       order.push_back(chunk);
+                                       std::copy_n(full.begin() + chunk * count, count, out);
+                                       poll();
+                                   });
+    EXPECT_EQ(ring, plain);
+    std::vector<int> expected;  // the accumulator of chunk me − 1 starts here; its own comes home last
+    for (int step = 0; step < t; step++) expected.push_back((me - step - 1 + t) % t);
+    EXPECT_EQ(order, expected);
+}
+
+TEST(Communicator, ThePipelinedReduceScatterSendsEachColumnRangeAsItIsProduced) {
+    Communicator world(MPI_COMM_WORLD);
+    const int t = world.size(), me = world.rank(), splits = 3;
+    const size_t rows = 2, cols = 7;  // column ranges of 2, 2 and 3
+    std::vector<float> full(size_t(t) * rows * cols), plain(rows * cols), pipelined(rows * cols);
+    std::vector<float> packed(full.size()), received(rows * cols);
+    for (size_t row = 0; row < t * rows; row++)
+        for (size_t col = 0; col < cols; col++) full[row * cols + col] = value_of(me, int(row), col);
+    world.reduce_scatter(full.data(), plain.data(), rows * cols);
+    std::vector<int> order;
+    bool then_ran = false;
+    pipelined_reduce_scatter_overlapped(
+        world, pipelined.data(), packed.data(), received.data(), rows, cols, splits,
+        [&](int k, size_t c0, size_t c1, float* part, const Poll<Communicator>& poll) {
+            order.push_back(k);
+            EXPECT_EQ(c1 - c0, k + 1 < splits ? 2u : 3u);
+            for (size_t row = 0; row < t * rows; row++)
+                std::copy(full.begin() + row * cols + c0, full.begin() + row * cols + c1, part + row * (c1 - c0));
+            poll();
+        },
+        [&](const Poll<Communicator>& poll) {
+            EXPECT_EQ(int(order.size()), splits) << "then() ran before every part was produced";
+            then_ran = true;
+            poll();
+        });
+    EXPECT_EQ(pipelined, plain);
+    EXPECT_EQ(order, (std::vector<int>{0, 1, 2}));
+    EXPECT_TRUE(then_ran);
 }
 
 int main(int argc, char** argv) {

@@ -407,11 +407,18 @@ TEST(TensorParallelTraining, ACheckpointSavedAtTwoRanksResumesAtOneAndFour) {
 TEST(TensorParallelTraining, AKilledRankEndsTheRunInsteadOfHanging) {
     if (!have_mpirun()) GTEST_SKIP() << "mpirun not installed";
     fs::path dir = scratch_dir();
-    // rank 1 is killed mid-run: the other must not wait for it forever
-    fs::path wrapper = write_file(dir / "kill_rank_1.sh",
-                                  "#!/bin/bash\n"
-                                  "if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then (sleep 3; kill -9 $$) & fi\n"
-                                  "exec \"$@\"\n");
+    // rank 1 is killed mid-run, once the first step's metrics line shows that
+    // training has begun (a clock could fire before the first step on a busy
+    // machine): the other rank must not wait for it forever. The watcher ends
+    // with the rank should it never see the line, and holds none of mpirun's
+    // pipes, which mpirun would wait for.
+    const fs::path metrics = dir / "metrics.jsonl", killed = dir / "killed";
+    const std::string kill_after_the_first_step = "until [ -s " + metrics.string() +
+                                                  " ]; do kill -0 $$ || exit; sleep 0.05; done; touch " +
+                                                  killed.string() + "; kill -9 $$";
+    fs::path wrapper = write_file(dir / "kill_rank_1.sh", "#!/bin/bash\nif [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then (" +
+                                                              kill_after_the_first_step +
+                                                              ") < /dev/null &> /dev/null & fi\nexec \"$@\"\n");
     fs::permissions(wrapper, fs::perms::owner_all);
     std::string command = mpi_env + "timeout 60 mpirun --oversubscribe -np 2 " + wrapper.string() + " " +
                           tiny_train(dir, short_run + "train.steps=100000 parallel.tp=2");
@@ -421,7 +428,8 @@ TEST(TensorParallelTraining, AKilledRankEndsTheRunInsteadOfHanging) {
     EXPECT_NE(r.exit_code, 0);
     EXPECT_NE(r.exit_code, 124) << "the run hung until timeout killed it";
     EXPECT_LT(seconds, 33.0);
-    EXPECT_GE(field(dir / "metrics.jsonl", "loss").size(), 1u) << "the run never started: " << r.err;
+    EXPECT_TRUE(fs::exists(killed)) << "rank 1 was never killed: " << r.err;
+    EXPECT_GE(field(metrics, "loss").size(), 1u) << "the run never started: " << r.err;
 }
 
 TEST(TensorParallelTraining, ALayoutThatDoesNotFitIsOneLineFromRankZero) {
@@ -467,13 +475,16 @@ TEST(BadInput, AMalformedNumberOnTheCommandLineIsOneLineNamingTheOption) {
     EXPECT_FALSE(fs::exists(dir / "out")) << "prepare wrote although its options were wrong";
 }
 
-// `tpsp bench --breakdown`: a row for every part of the model, and rows that
-// add up to the step (spans that overlapped or nested would count twice and
-// make the uncovered remainder negative).
-TEST(Bench, TheBreakdownNamesEveryPartAndAddsUpToTheStep) {
+// `tpsp bench --breakdown`: a row for every part of the model, each of which
+// timed some work, and spans that cover the step without counting any of it
+// twice. The last row is the step less the spans, so the rows add up to the
+// step by construction; what can fail is that remainder: negative when spans
+// nest or overlap, large when work runs outside every span. A span that
+// moved off its work shows as a zero row and its time outside.
+TEST(Bench, TheBreakdownNamesEveryPartAndItsSpansCoverTheStep) {
     fs::path dir = scratch_dir();
     Outcome r = run(tpsp_binary + " bench " + tiny +
-                        " train.batch_size=4 train.seq_len=64 train.threads=2 model.dropout=0.1 --steps 1 --breakdown",
+                        " train.batch_size=8 train.seq_len=128 train.threads=2 model.dropout=0.1 --steps 1 --breakdown",
                     dir);
     ASSERT_EQ(r.exit_code, 0) << r.err;
     std::smatch m;
@@ -483,9 +494,6 @@ TEST(Bench, TheBreakdownNamesEveryPartAndAddsUpToTheStep) {
     std::regex row("\n  (\\S.*\\S) +(-?[0-9.]+) ms +-?[0-9.]+%");
     for (auto it = std::sregex_iterator(r.out.begin(), r.out.end(), row); it != std::sregex_iterator(); ++it)
         rows[(*it)[1]] = std::stod((*it)[2]);
-    double sum = 0.0;
-    for (const auto& [name, ms] : rows) sum += ms;
-    EXPECT_NEAR(sum, step_ms, 0.001 * double(rows.size()) + 1e-9) << r.out;
     for (const char* part : {"zero gradients",
                              "embeddings",
                              "layernorm",
@@ -506,11 +514,17 @@ TEST(Bench, TheBreakdownNamesEveryPartAndAddsUpToTheStep) {
                              "attention proj backward",
                              "attention backward",
                              "qkv backward",
-                             "embeddings backward",
-                             "(outside every span)"}) {
+                             "embeddings backward"}) {
         ASSERT_EQ(rows.count(part), 1u) << "no row for " << part << "\n" << r.out;
-        EXPECT_GE(rows[part], 0.0) << part << "\n" << r.out;
+        EXPECT_GT(rows[part], 0.0) << part << " timed no work\n" << r.out;
     }
+    ASSERT_EQ(rows.count("(outside every span)"), 1u) << r.out;
+    const double outside = rows["(outside every span)"];
+    EXPECT_GE(outside, 0.0) << "spans nested or overlapped and counted some work twice\n" << r.out;
+    // the code between spans only hands pointers on (about 0.1% of this step
+    // on 2 cores, loaded or not): 2% is room for a preemption there, not for a
+    // part of the model left untimed
+    EXPECT_LT(outside, 0.02 * step_ms) << "work ran outside every span\n" << r.out;
 }
 
 // ----------------------------------------------------------------------------
