@@ -1,6 +1,7 @@
 // llm.c's model file: its header is read and bounded, its size checked
 // against the header, and then, where both hold, the weights are loaded into
 // a model of that shape and checked finite.
+#include "common/errors.h"
 #include "fuzz/fuzz_support.h"
 #include "model/checkpoint.h"
 

@@ -3,6 +3,7 @@
 // prompt, which is encoded and decoded again.
 #include <string>
 
+#include "common/errors.h"
 #include "data/gpt2_tokenizer.h"
 #include "fuzz/fuzz_support.h"
 

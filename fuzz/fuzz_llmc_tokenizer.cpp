@@ -1,5 +1,6 @@
 // llm.c's decoding file gpt2_tokenizer.bin, as `tpsp sample` and the
 // trainer's samples read it.
+#include "common/errors.h"
 #include "data/gpt2_tokenizer.h"
 #include "fuzz/fuzz_support.h"
 

