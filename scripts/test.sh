@@ -57,8 +57,11 @@ ctest --test-dir build-asan -L unit --output-on-failure -j"$jobs"
 
 # the tests that call MPI_Init run with LeakSanitizer's suppressions of Open MPI's own allocations
 # (tests/sanitizer/lsan_suppressions.txt, set by tests/CMakeLists.txt)
-phase "sanitized mpi tests (ctest -L mpi)"
-ctest --test-dir build-asan -L mpi --output-on-failure -j"$jobs"
+# (but not TensorParallelTraining.EveryOverlapSwitchLeavesTheLossesUnchanged: 4+ minutes under
+# ASan, while tensor_parallel_equals_one_rank runs every switch in-process under ASan, and the
+# plain build runs that end-to-end test above)
+phase "sanitized mpi tests (ctest -L mpi, less the end-to-end overlap sweep)"
+ctest --test-dir build-asan -L mpi -E 'EveryOverlapSwitchLeavesTheLossesUnchanged' --output-on-failure -j"$jobs"
 
 phase "fuzz targets (scripts/fuzz.sh 15: clang, libFuzzer, ASan+UBSan; 15 s each on its seed corpus)"
 scripts/fuzz.sh 15

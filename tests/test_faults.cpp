@@ -305,17 +305,26 @@ TEST(Faults, SigintWithoutACheckpointDirectoryStopsAndSaysNothingWasSaved) {
     EXPECT_GE(field(dir / "metrics.jsonl", "loss").size(), 2u);
 }
 
+// The tiny model trained on 2 TP ranks under mpirun for as long as it is let
+// run, each rank first writing its pid to DIR/pid.sh.RANK, so that a test
+// can signal one of them as a scheduler (or a fault) would one node.
+static std::string two_ranks_training(const fs::path& dir, const std::string& extra) {
+    fs::path wrapper = write_file(dir / "pid.sh", "#!/bin/bash\necho $$ > \"$0.$OMPI_COMM_WORLD_RANK\"\nexec \"$@\"\n");
+    fs::permissions(wrapper, fs::perms::owner_all);
+    return mpi_env + "mpirun --oversubscribe -np 2 " + wrapper.string() + " " +
+           tiny_train(dir, fast + "parallel.tp=2 train.steps=1000000 logging.every=1 " + extra);
+}
+
+static int pid_of_rank(const fs::path& dir, int rank) {
+    return std::stoi(read_text(dir / ("pid.sh." + std::to_string(rank))));
+}
+
 TEST(Faults, SigtermToOneRankStopsAndSavesOnEveryRank) {
     if (!have_mpirun()) GTEST_SKIP() << "mpirun not installed, or tpsp built without MPI";
     fs::path dir = scratch_dir();
-    // each rank's pid, to signal one of them as a scheduler would signal a node
-    fs::path wrapper = write_file(dir / "pid.sh", "#!/bin/bash\necho $$ > \"$0.$OMPI_COMM_WORLD_RANK\"\nexec \"$@\"\n");
-    fs::permissions(wrapper, fs::perms::owner_all);
-    Background job(mpi_env + "mpirun --oversubscribe -np 2 " + wrapper.string() + " " +
-                       tiny_train(dir, fast + "parallel.tp=2 train.steps=1000000 logging.every=1"),
-                   dir);
+    Background job(two_ranks_training(dir, ""), dir);
     ASSERT_TRUE(job.wait_for_output("step     2/", 60)) << job.err();
-    const int rank_1 = std::stoi(read_text(wrapper.string() + ".1"));
+    const int rank_1 = pid_of_rank(dir, 1);
     kill(rank_1, SIGTERM);
     EXPECT_EQ(job.wait(60), 128 + SIGTERM) << job.err();
     std::smatch m;
@@ -328,13 +337,9 @@ TEST(Faults, SigtermToOneRankStopsAndSavesOnEveryRank) {
 TEST(Faults, AStoppedRankEndsTheJobAfterParallelTimeoutInsteadOfHangingIt) {
     if (!have_mpirun()) GTEST_SKIP() << "mpirun not installed, or tpsp built without MPI";
     fs::path dir = scratch_dir();
-    fs::path wrapper = write_file(dir / "pid.sh", "#!/bin/bash\necho $$ > \"$0.$OMPI_COMM_WORLD_RANK\"\nexec \"$@\"\n");
-    fs::permissions(wrapper, fs::perms::owner_all);
-    Background job(mpi_env + "mpirun --oversubscribe -np 2 " + wrapper.string() + " " +
-                       tiny_train(dir, fast + "parallel.tp=2 parallel.timeout_s=3 train.steps=1000000 logging.every=1"),
-                   dir);
+    Background job(two_ranks_training(dir, "parallel.timeout_s=3"), dir);
     ASSERT_TRUE(job.wait_for_output("step     2/", 60)) << job.err();
-    const int rank_1 = std::stoi(read_text(wrapper.string() + ".1"));
+    const int rank_1 = pid_of_rank(dir, 1);
     kill(rank_1, SIGSTOP);  // alive, holding its sockets, making no progress
     const int status = job.wait(60);
     kill(rank_1, SIGKILL);  // in case the job did not end it
