@@ -32,6 +32,7 @@
 #include "train/benchmark.h"
 #include "train/config.h"
 #include "train/sample.h"
+#include "train/stop_signals.h"
 #include "train/trainer.h"
 
 using namespace tpsp;
@@ -292,7 +293,8 @@ int main(int argc, char** argv) {
     // not worth a run, and a file tpsp writes reports its failure in one line.
     std::signal(SIGPIPE, SIG_IGN);
     std::signal(SIGXFSZ, SIG_IGN);
-    run_with_the_widest_blas_kernels(argv);  // before MPI and the threads start: it may run tpsp again
+    run_with_the_widest_blas_kernels(argv);   // before MPI and the threads start: it may run tpsp again
+    take_stop_signals_on_their_own_thread();  // before MPI's and OpenMP's threads, which inherit the mask
     MPI_Init(&argc, &argv);
     const int code = report_errors(argc, argv);
     MPI_Finalize();

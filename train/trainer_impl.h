@@ -11,6 +11,7 @@
 #include <string>
 
 #include "data/gpt2_tokenizer.h"
+#include "train/stop_signals.h"
 #include "train/trainer.h"
 
 namespace tpsp {
@@ -69,24 +70,7 @@ inline LrSchedule schedule_of(const Config::Train& t) {
     return {t.lr, t.min_lr_ratio, t.warmup_steps, t.steps, t.lr_schedule == "cosine"};
 }
 
-// SIGTERM and SIGINT ask the run to stop after the step it is in, with a
-// checkpoint (docs/design.md §7). The handler only records the signal; each
-// step's agreement reads it. A second one of the same signal ends the
-// process at once, as it would without the handler.
-inline volatile std::sig_atomic_t caught_stop_signal = 0;
-
-inline void catch_stop_signal(int signal) { caught_stop_signal = signal; }
-
 inline const char* stop_signal_name(int signal) { return signal == SIGINT ? "SIGINT" : "SIGTERM"; }
-
-inline void catch_stop_signals() {
-    struct sigaction action = {};
-    action.sa_handler = catch_stop_signal;
-    action.sa_flags = SA_RESETHAND | SA_RESTART;  // system calls in flight go on
-    sigemptyset(&action.sa_mask);
-    sigaction(SIGTERM, &action, nullptr);
-    sigaction(SIGINT, &action, nullptr);
-}
 
 // Which GPU this rank drives: its rank on the node (0 without a launcher
 // that says); the CPU backend ignores it.
@@ -221,7 +205,7 @@ void Trainer<Backend>::print_header() const {
 // every rank together, with one line from the lowest failing rank.
 template <class Backend>
 int Trainer<Backend>::run() {
-    trainer_detail::catch_stop_signals();
+    defer_stop_signals();  // from step 1 on, SIGTERM and SIGINT stop after a saved step
     for (int step = start_step_; step < cfg_.train.steps; step++) {
         if (step - start_step_ == cfg_.logging.trace_steps) tracer_.disable();
         StepMetrics m = train_step(step);
@@ -300,7 +284,7 @@ StepMetrics Trainer<Backend>::train_step(int step) {
     tp_comm_->all_reduce_sum(&norm_parts[0], 1);  // shards add up; replicated tensors count once
     const float norm = float(std::sqrt(norm_parts[0] + norm_parts[1]));
     // every rank decides alike: a non-finite step is not applied; a caught signal stops the run after this step
-    int verdict[2] = {std::isfinite(loss) && std::isfinite(norm) ? 0 : 1, int(trainer_detail::caught_stop_signal)};
+    int verdict[2] = {std::isfinite(loss) && std::isfinite(norm) ? 0 : 1, stop_signal_caught()};
     all_reduce_ints(verdict, 2, MPI_MAX, MPI_COMM_WORLD, "agreement on the step");
     diverged_ = verdict[0] != 0;
     stop_signal_ = verdict[1];
