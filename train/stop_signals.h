@@ -12,7 +12,7 @@
 namespace tpsp {
 
 void take_stop_signals_on_their_own_thread();  // main(), before any other thread starts
-void defer_stop_signals();                      // the trainer, before step 1
-int stop_signal_caught();                       // 0, SIGTERM or SIGINT
+void defer_stop_signals();                     // the trainer, before step 1
+int stop_signal_caught();                      // 0, SIGTERM or SIGINT
 
 }  // namespace tpsp
