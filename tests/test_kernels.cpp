@@ -2,6 +2,7 @@
 // that are not powers of two; Philox against its published test vectors;
 // dropout's masks and keep rate.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <cstring>
@@ -69,17 +70,29 @@ TEST(Kernels, MatmulBackwardMatchesFiniteDifferences) {
     EXPECT_LT(gradient_error(loss, bias.data(), dbias.data(), OC), tolerance);
 }
 
-TEST(Kernels, MatmulWithoutBiasIsPlainProduct) {
-    constexpr int OC = 5;
-    auto inp = random_vector(N * C, 9), weight = random_vector(OC * C, 10);
-    std::vector<float> out(N * OC, 99.0f);
-    matmul_forward(out.data(), inp.data(), weight.data(), nullptr, N, C, OC);
-    for (int n = 0; n < N; n++)
-        for (int o = 0; o < OC; o++) {
-            double ref = 0;
-            for (int c = 0; c < C; c++) ref += double(inp[n * C + c]) * weight[o * C + c];
-            EXPECT_NEAR(out[n * OC + o], ref, 1e-4);
+// Both ways matmul_forward runs: the library threading the whole GEMM (rows
+// ≥ output columns) and one block of columns per thread (fewer rows), with
+// widths that are no multiple of the 16-column blocks and thread counts
+// that leave a thread without a block.
+TEST(Kernels, MatmulForwardIsThePlainProductWithAndWithoutBias) {
+    const int threads_before = omp_get_max_threads();
+    for (int threads : {1, 2, 3, 4})
+        for (auto [rows, OC] : {std::pair{N, 5}, std::pair{3, 10}, std::pair{3, 50}, std::pair{2, 97}}) {
+            omp_set_num_threads(threads);
+            auto inp = random_vector(rows * C, 9), weight = random_vector(OC * C, 10), bias = random_vector(OC, 11);
+            for (bool with_bias : {false, true}) {
+                std::vector<float> out(rows * OC, 99.0f);
+                matmul_forward(out.data(), inp.data(), weight.data(), with_bias ? bias.data() : nullptr, rows, C, OC);
+                for (int n = 0; n < rows; n++)
+                    for (int o = 0; o < OC; o++) {
+                        double ref = with_bias ? bias[o] : 0.0;
+                        for (int c = 0; c < C; c++) ref += double(inp[n * C + c]) * weight[o * C + c];
+                        ASSERT_NEAR(out[n * OC + o], ref, 1e-4)
+                            << threads << " threads, " << rows << "×" << OC << (with_bias ? " with bias" : "");
+                    }
+            }
         }
+    omp_set_num_threads(threads_before);
 }
 
 TEST(Kernels, GeluBackwardMatchesFiniteDifferences) {
