@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "model/cpu_blas.h"
@@ -16,6 +17,13 @@ namespace tpsp {
 Dim cuda_attention_scratch(int64_t b, int64_t s, int64_t h, int64_t a, int64_t t) {
     const char* symbol = t > 1 ? "7·b·s·h/t+b·a/t·s²" : "7·b·s·h+b·a·s²";
     return {cuda_attention_scratch_elements(b, s, h / t, a / t), symbol};
+}
+
+void CpuBackend::zero(void* data, size_t bytes) {
+    constexpr size_t piece = size_t(1) << 20;
+    char* bytes_at = static_cast<char*>(data);
+#pragma omp parallel for schedule(static)
+    for (size_t at = 0; at < bytes; at += piece) std::memset(bytes_at + at, 0, std::min(piece, bytes - at));
 }
 
 void CpuBackend::square_sums(const float* x, const std::vector<SquareSumRange>& ranges, double sums[2]) {
