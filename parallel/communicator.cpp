@@ -9,6 +9,7 @@ namespace tpsp {
 static double peer_timeout_seconds = 300.0;
 
 void set_peer_timeout(double seconds) { peer_timeout_seconds = seconds; }
+double peer_timeout() { return peer_timeout_seconds; }
 
 // Waits for request like MPI_Wait (which also polls), but gives up after
 // peer_timeout_seconds: one line, then MPI_Abort ends every rank of the job.

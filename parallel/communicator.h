@@ -61,6 +61,7 @@ struct MpiTransfer {
 // one is known, and ends the whole job with MPI_Abort. Process-wide: every
 // group of the process waits under the same deadline.
 void set_peer_timeout(double seconds);
+double peer_timeout();
 // MPI_Allreduce of ints over comm under that deadline; `what` names it in the line.
 void all_reduce_ints(int* data, int count, MPI_Op op, MPI_Comm comm, const char* what);
 

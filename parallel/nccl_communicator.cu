@@ -1,5 +1,6 @@
 #include "parallel/nccl_communicator.h"
 
+#include <cstdio>
 #include <stdexcept>
 #include <string>
 
@@ -34,9 +35,26 @@ NcclCommunicator::NcclCommunicator(MPI_Comm comm, cudaStream_t compute_stream)
     check_nccl(ncclCommInitRank(&nccl_, size(), id, rank()), "ncclCommInitRank");
     check_cuda(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking), "communication stream");
     check_cuda(cudaEventCreateWithFlags(&compute_ready_, cudaEventDisableTiming), "cudaEventCreate");
+    watchdog_ = std::make_unique<Watchdog>(peer_timeout(),
+                                           [this](const char* name, double seconds) { give_up(name, seconds); });
+}
+
+// The watchdog's end of a stuck group: one line, the NCCL kernels aborted
+// (so the device lets go), then the whole job.
+void NcclCommunicator::give_up(const char* name, double seconds) {
+    int world_rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    std::fprintf(stderr,
+                 "tpsp: rank %d: the %s (NCCL, rank %d of a group of %d) has not completed after %.0f s "
+                 "(parallel.timeout_s): a peer has stopped; ending the job\n",
+                 world_rank, name, rank(), size(), seconds);
+    std::fflush(stderr);
+    ncclCommAbort(nccl_);
+    MPI_Abort(MPI_COMM_WORLD, 1);
 }
 
 NcclCommunicator::~NcclCommunicator() {
+    watchdog_.reset();
     if (comm_stream_) cudaStreamSynchronize(comm_stream_);
     if (nccl_) ncclCommDestroy(nccl_);
     if (comm_stream_) cudaStreamDestroy(comm_stream_);
@@ -56,6 +74,7 @@ NcclTransfer NcclCommunicator::finish_enqueue(const char* name, bool counts) {
     t.started = now_seconds();
     t.counts = counts;
     t.active = true;
+    if (watchdog_) watchdog_->watch(name, [done = t.done] { return cudaEventQuery(done) != cudaErrorNotReady; });
     return t;
 }
 

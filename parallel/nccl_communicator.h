@@ -12,6 +12,11 @@
 // receives in one NCCL group, so no rank's send can wait on a receive queued
 // behind it: correctness does not rest on CUDA_DEVICE_MAX_CONNECTIONS=1.
 //
+// A stopped peer: every operation enqueued is shown to a Watchdog (watchdog.h),
+// which ends the job when the newest has been pending for parallel.timeout_s
+// (one line naming it and the group, ncclCommAbort, MPI_Abort), as the CPU
+// communicator's waits do.
+//
 // Bytes count as on the CPU (the full tensor per collective). Time is the
 // host's view: a transfer counts from its start to the poll or wait that
 // finds it done, and "exposed" is left at 0 (waits do not block the host).
@@ -22,9 +27,11 @@
 #include <nccl.h>
 
 #include <cstddef>
+#include <memory>
 
 #include "common/bf16.h"
 #include "parallel/communicator.h"
+#include "parallel/watchdog.h"
 
 namespace tpsp {
 
@@ -81,6 +88,7 @@ public:
 private:
     // The communication stream waits for the compute stream's work so far.
     void after_compute();
+    void give_up(const char* name, double seconds);  // the watchdog's expiry
     Transfer finish_enqueue(const char* name, bool counts);
     void all_reduce(void* data, size_t count, ncclDataType_t type, ncclRedOp_t op, size_t element_bytes);
     Communicator host_;  // the same group over MPI, for what lives on the host
@@ -88,6 +96,7 @@ private:
     ncclComm_t nccl_ = nullptr;
     cudaStream_t comm_stream_ = nullptr;
     cudaEvent_t compute_ready_ = nullptr;
+    std::unique_ptr<Watchdog> watchdog_;  // groups of more than one rank
 };
 
 }  // namespace tpsp
