@@ -183,7 +183,7 @@ const std::vector<Key>& keys() {
         int_key("parallel.tp_comm_num_splits", [](Config& c) -> int& { return c.parallel.tp_comm_num_splits; }, 1,
                 "chunks of the pipelined reduce-scatters"),
         int_key("parallel.timeout_s", [](Config& c) -> int& { return c.parallel.timeout_s; }, 1,
-                "seconds a rank waits for its peers in one transfer before it ends the job (MPI)"),
+                "seconds a rank waits for its peers in one transfer before it ends the job (an MPI wait; an NCCL operation, through a watchdog)"),
         float_key("parallel.emulated_link.gbps", [](Config& c) -> float& { return c.parallel.emulated_link_gbps; }, 0.0,
                   1e9, "measuring aid: hold transfers to a link of this many gigabits/s; 0 is off"),
         float_key("parallel.emulated_link.latency_us",
