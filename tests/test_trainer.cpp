@@ -568,6 +568,8 @@ TEST(BadInput, WrongTypeAndImpossibleValue) {
     expect_clean_failure(dir, "train.steps=abc", "train.steps: expected an integer, got 'abc'");
     expect_clean_failure(dir, "model.dropout=1.5", "model.dropout: must be in");
     expect_clean_failure(dir, "model.heads=3", "model.heads: 3 does not divide model.channels = 128");
+    // with ε = 0 the padded vocabulary's rows (gradient always 0) became 0/0 at step 1
+    expect_clean_failure(dir, "train.eps=0 model.vocab_size=250", "train.eps: must be above 0");
     fs::path config = write_file(dir / "type.yaml", "train:\n  lr: fast\n");
     expect_clean_failure(dir, "", "type.yaml:2: train.lr: expected a number, got 'fast'", config.string());
 }

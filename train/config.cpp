@@ -276,6 +276,10 @@ void validate(const Config& c, const std::string& where) {
         fail("train.batch_size",
              "b·s·max(4h, Vp) = " + std::to_string(int64_t(c.train.batch_size) * c.train.seq_len * widest) +
                  " elements: at most 2^31 − 1 in one activation tensor");
+    // AdamW divides m̂ by √v̂ + ε, and m = v = 0 wherever a gradient has always
+    // been 0 (the padded vocabulary rows): ε = 0 makes those weights 0/0
+    if (!(c.train.eps > 0.0f))
+        fail("train.eps", "must be above 0 (with 0, AdamW divides 0 by 0 where a gradient has always been 0)");
     if (c.model.max_seq_len != 0 && c.model.max_seq_len < c.train.seq_len)
         fail("model.max_seq_len", "must be ≥ train.seq_len = " + std::to_string(c.train.seq_len));
     const int t = c.parallel.tp;
