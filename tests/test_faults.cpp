@@ -417,6 +417,29 @@ TEST(Faults, ADirectoryThatHoldsARunIsNotStartedOverByMistake) {
               (std::vector<std::string>{"latest", "lock", "model_00000001.bin", "state_00000001.bin"}));
 }
 
+TEST(Faults, ANewRunDoesNotTruncateAnotherRunsMetricsUnlessToldToOverwrite) {
+    fs::path dir = scratch_dir();
+    const fs::path metrics = dir / "metrics.jsonl";
+    ASSERT_EQ(run(tiny_train(dir, fast + "train.steps=2 checkpoint.dir="), dir).exit_code, 0);
+    const std::string before = read_text(metrics);
+    ASSERT_EQ(count_lines(before), 2);
+    const std::string says = "tpsp: config error: logging.metrics: " + metrics.string() +
+                             " already holds another run's metrics (";
+    // without a checkpoint directory, and with a new one: neither makes the metrics this run's
+    for (const std::string& where : {std::string("checkpoint.dir="), "checkpoint.dir=" + (dir / "new").string()}) {
+        SCOPED_TRACE(where);
+        Outcome r = run(bounded + tiny_train(dir, fast + "train.steps=3 " + where), dir);
+        EXPECT_EQ(r.exit_code, 1);
+        expect_one_line(r, says);
+        EXPECT_EQ(r.out.find("step "), std::string::npos) << "it trained: " << r.out;
+        EXPECT_EQ(read_text(metrics), before) << "the metrics were changed";
+    }
+    EXPECT_FALSE(fs::exists(dir / "new" / "latest"));
+    Outcome r = run(bounded + tiny_train(dir, fast + "train.steps=3 checkpoint.dir= checkpoint.overwrite=true"), dir);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(field(metrics, "loss").size(), 3u) << "overwrite starts the metrics over";
+}
+
 TEST(Faults, StaleTemporariesAreRemovedAndKeepLastPrunesOlderCheckpoints) {
     fs::path dir = scratch_dir();
     fs::create_directories(dir / "ckpt");

@@ -544,7 +544,7 @@ TEST(Device, CudaWithoutAGpuIsOneLineAndAutoFallsBack) {
                     r.err.find("train.device: cuda: no CUDA device is visible") != std::string::npos)
             << r.err;
     }
-    r = run(tiny_train(dir, short_run + "train.device=auto"), dir);
+    r = run(tiny_train(dir, short_run + "train.device=auto checkpoint.overwrite=true"), dir);  // after a GPU's run
     EXPECT_EQ(r.exit_code, 0) << r.err;
     EXPECT_EQ(field(dir / "metrics.jsonl", "loss").size(), 2u);
 }
