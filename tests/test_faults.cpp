@@ -384,6 +384,24 @@ TEST(Faults, AStoppedRankEndsTheJobAfterParallelTimeoutInsteadOfHangingIt) {
         << job.err();
 }
 
+// The gathers after the last step (a save's, the trace file's) wait under the
+// same deadline: rank 1 of a small program stalls 30 s before one of them.
+TEST(Faults, AStalledPeerInAGatherEndsTheJobAfterParallelTimeout) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not installed, or tpsp built without MPI";
+    fs::path dir = scratch_dir();
+    for (const auto& [which, says] : {std::pair{"trace", "the gather of the trace's lengths"},
+                                      std::pair{"gather", "the gather (rank 0 of a group of 2)"}}) {
+        SCOPED_TRACE(which);
+        const auto start = std::chrono::steady_clock::now();
+        Outcome r = run(mpi_env + bounded + "mpirun --oversubscribe -np 2 " + TPSP_STALLED_GATHER + " " + which, dir);
+        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        EXPECT_NE(r.exit_code, 0);
+        EXPECT_LT(seconds, 20.0) << "rank 0 waited for the stalled rank";
+        expect_one_line(r, std::string("tpsp: rank 0: ") + says);
+        EXPECT_NE(r.err.find("waited 2 s without progress (parallel.timeout_s)"), std::string::npos) << r.err;
+    }
+}
+
 TEST(Faults, AClosedStdoutDoesNotStopTheRun) {
     fs::path dir = scratch_dir();
     Outcome r = run(bounded + "bash -c '" + tiny_train(dir, fast + "train.steps=40 logging.every=1") +
