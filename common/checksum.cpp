@@ -96,8 +96,9 @@ void seal_llmc_header(uint32_t* header, const void* payload, size_t bytes) {
 void verify_llmc_file(const std::string& path, const uint32_t* header, const void* payload, size_t bytes) {
     if (header[llmc_tag_slot] == 0 && header[llmc_checksum_slot] == 0) return;  // llm.c's own file: none recorded
     if (header[llmc_tag_slot] != llmc_checksum_tag)
-        throw FileError(path + ": damaged: header[254] is " + hex(header[llmc_tag_slot]) +
-                        ", neither the CRC-32C tag " + hex(llmc_checksum_tag) + " nor llm.c's 0");
+        throw FileError(path + ": damaged: header[254..255] hold " + hex(header[llmc_tag_slot]) + " " +
+                        hex(header[llmc_checksum_slot]) + ", neither the CRC-32C tag " + hex(llmc_checksum_tag) +
+                        " and a CRC nor llm.c's zeros");
     check_crc32c(path, llmc_file_crc(header, payload, bytes), header[llmc_checksum_slot], "the header");
 }
 

@@ -13,7 +13,7 @@
 // so the file keeps llm.c's layout and size (1024 + payload) byte for byte
 // in every other place. A header whose two words are 0, as llm.c and its
 // scripts write them, records no checksum: the file is read as before,
-// unverified. Any other value in header[254] is damage.
+// unverified. Any other pair without the tag is damage.
 // tpsp's own state file records its checksum after its last byte
 // (train/run_checkpoint.h).
 #pragma once
@@ -53,7 +53,8 @@ constexpr int llmc_tag_slot = 254, llmc_checksum_slot = 255;
 void seal_llmc_header(uint32_t* header, const void* payload, size_t bytes);
 // Where the header is tagged, checks the checksum it records against
 // header + payload (a FileError as check_crc32c's); a header whose two words
-// are 0 passes; any other header[254] is a FileError "PATH: damaged: ...".
+// are 0 passes; any other pair without the tag is a FileError "PATH:
+// damaged: ...".
 void verify_llmc_file(const std::string& path, const uint32_t* header, const void* payload, size_t bytes);
 
 }  // namespace tpsp

@@ -64,7 +64,9 @@ fs::path untagged(const fs::path& file) {
 }
 
 const std::string crc_differs = "its CRC-32C is [0-9a-f]{8}, the header records [0-9a-f]{8}";
-const std::string tag_damaged = "header\\[254\\] is [0-9a-f]{8}, neither the CRC-32C tag 43323343 nor llm.c's 0";
+const std::string tag_damaged =
+    "header\\[254\\.\\.255\\] hold [0-9a-f]{8} [0-9a-f]{8}, neither the CRC-32C tag 43323343 and a CRC nor "
+    "llm.c's zeros";
 
 // The one line a damaged file is refused with: "PATH: damaged: SAYS".
 template <class Read>
@@ -177,6 +179,7 @@ TEST(Integrity, AFlippedBitOfAModelFileIsRefusedAndAFileWithoutTheChecksumReads)
     expect_damaged(flipped(file, 4 * 100), read);  // a word of the header no reader looks at
     expect_damaged(flipped(file, 4 * 255), read);  // the checksum itself
     expect_damaged(flipped(file, 4 * 254), read, tag_damaged);
+    expect_damaged(flipped(untagged(file), 4 * 255), read, tag_damaged);  // a word llm.c writes as 0
     // llm.c's own file (header[254..255] zero) is read unverified, as before
     read(untagged(file).string());
     EXPECT_EQ(read_back, w);
