@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "common/checksum.h"
 #include "common/files.h"
 
 namespace tpsp {
@@ -207,6 +208,8 @@ void write_llmc_tokenizer(const std::string& path, const std::vector<std::string
         bytes += char(uint8_t(t.size()));
         bytes += t;
     }
+    // (the appends may have moved the header)
+    seal_llmc_header(reinterpret_cast<uint32_t*>(bytes.data()), bytes.data() + 1024, bytes.size() - 1024);
     write_file_atomically(path, {{bytes.data(), bytes.size()}});
 }
 
@@ -218,6 +221,7 @@ LlmcTokenizer read_llmc_tokenizer(const std::string& path) {
         throw FileError(path + ": not an llm.c tokenizer (magic " + std::to_string(header[0]) + ", expected 20240328)");
     if (header[1] != 1 && header[1] != 2)
         throw FileError(path + ": tokenizer version " + std::to_string(header[1]) + " is not supported (1 or 2)");
+    verify_llmc_file(path, header, data.data() + 1024, data.size() - 1024);
     LlmcTokenizer t;
     t.end_of_text = header[1] == 2 ? int(header[3]) : -1;
     size_t at = 1024;

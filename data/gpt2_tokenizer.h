@@ -55,7 +55,9 @@ private:
 
 // llm.c's decoding file gpt2_tokenizer.bin: a header of 256 uint32 (magic
 // 20240328, version 2, vocabulary size, end-of-text token), then per token
-// one length byte and its bytes.
+// one length byte and its bytes. tpsp's file also records its CRC-32C in
+// header[254..255], which llm.c never reads (common/checksum.h); a file
+// without it (llm.c's) is read unverified.
 void write_llmc_tokenizer(const std::string& path, const std::vector<std::string>& token_bytes, int end_of_text);
 struct LlmcTokenizer {
     std::vector<std::string> token_bytes;

@@ -6,12 +6,14 @@
 #include <cstring>
 #include <filesystem>
 
+#include "common/checksum.h"
 #include "common/files.h"
 
 namespace tpsp {
 
 void write_token_shard(const std::string& path, const std::vector<uint16_t>& tokens) {
-    int header[256] = {shard_magic, shard_version, int(tokens.size())};
+    uint32_t header[256] = {shard_magic, shard_version, uint32_t(tokens.size())};
+    seal_llmc_header(header, tokens.data(), tokens.size() * 2);
     write_file_atomically(path, {{header, sizeof header}, {tokens.data(), tokens.size() * 2}});
 }
 
@@ -82,18 +84,20 @@ int64_t TokenLoader::batches_per_epoch() const {
 
 void TokenLoader::load_shard(size_t index) {
     if (index == current_shard_) return;
-    int64_t count = read_shard_header(paths_[index]);
-    tokens_.resize(size_t(count));
-    FILE* f = std::fopen(paths_[index].c_str(), "rb");
-    if (!f) throw FileError(paths_[index] + ": cannot open token shard");
-    std::fseek(f, 1024, SEEK_SET);
-    size_t got = std::fread(tokens_.data(), 2, tokens_.size(), f);
+    const std::string& path = paths_[index];
+    tokens_.resize(size_t(read_shard_header(path)));
+    uint32_t header[256];
+    FILE* f = std::fopen(path.c_str(), "rb");
+    if (!f) throw FileError(path + ": cannot open token shard");
+    const bool whole = std::fread(header, 4, 256, f) == 256 &&
+                       std::fread(tokens_.data(), 2, tokens_.size(), f) == tokens_.size();
     std::fclose(f);
-    if (got != tokens_.size()) throw FileError(paths_[index] + ": token shard is truncated");
+    if (!whole) throw FileError(path + ": token shard is truncated");
+    verify_llmc_file(path, header, tokens_.data(), tokens_.size() * 2);
     for (size_t i = 0; i < tokens_.size(); i++)
         if (tokens_[i] >= vocab_size_)
-            throw FileError(paths_[index] + ": token " + std::to_string(tokens_[i]) + " at offset " +
-                            std::to_string(i) + " is not below model.vocab_size = " + std::to_string(vocab_size_));
+            throw FileError(path + ": token " + std::to_string(tokens_[i]) + " at offset " + std::to_string(i) +
+                            " is not below model.vocab_size = " + std::to_string(vocab_size_));
     current_shard_ = index;
 }
 

@@ -1,5 +1,7 @@
 // llm.c's token shards: a header of 256 int32 (magic 20240520, version 1,
-// number of tokens), then the tokens as uint16.
+// number of tokens), then the tokens as uint16. tpsp's shards also record
+// their CRC-32C in header[254..255], which llm.c never reads
+// (common/checksum.h); a shard without it (llm.c's) is read unverified.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -23,7 +25,8 @@ void check_train_and_val_apart(const std::string& train_pattern, const std::stri
 // gives floor((tokens − 1) / (dp·B·T)) batches, then the next shard starts;
 // after the last shard the loader starts again at the first. A token id at
 // or above vocab_size, found when its shard is loaded, is an error naming
-// the shard and the token's offset.
+// the shard and the token's offset; so is a shard whose CRC-32C differs from
+// the one its header records (checked as the shard is loaded, not at start).
 class TokenLoader {
 public:
     TokenLoader(const std::string& pattern, int B, int T, int dp_rank, int dp_size, int vocab_size);

@@ -6,6 +6,8 @@
 #include <filesystem>
 #include <vector>
 
+#include "common/checksum.h"
+
 namespace tpsp {
 
 static std::string describe(const GPTConfig& c) {
@@ -51,12 +53,16 @@ GPTConfig read_checkpoint_config(const std::string& path) {
     return c;
 }
 
-void check_checkpoint_model(const std::string& path, const GPTConfig& m) {
-    GPTConfig c = read_checkpoint_config(path);
+// Throws unless the checkpoint's model c is the model m.
+static void check_same_model(const std::string& path, const GPTConfig& c, const GPTConfig& m) {
     if (c.max_seq_len != m.max_seq_len || c.vocab_size != m.vocab_size || c.num_layers != m.num_layers ||
         c.num_heads != m.num_heads || c.channels != m.channels || c.padded_vocab_size != m.padded_vocab_size)
         throw FileError(path + ": checkpoint is for another model (" + describe(c) + "; the config says " +
                         describe(m) + ")");
+}
+
+void check_checkpoint_model(const std::string& path, const GPTConfig& m) {
+    check_same_model(path, read_checkpoint_config(path), m);
 }
 
 int64_t full_parameter_count(const GPTConfig& config) {
@@ -69,15 +75,17 @@ void load_checkpoint(GPT& model, const std::string& path) {
 }
 
 void read_checkpoint_shard(const GPTConfig& config, int t, int rank, const std::string& path, float* shard) {
-    check_checkpoint_model(path, config);  // its header, and the file's size against it
-    const int64_t count = full_parameter_count(config);
+    const GPTConfig c = read_checkpoint_config(path);  // its header bounded, the file's size checked against it
+    uint32_t header[256];
+    std::vector<float> full(static_cast<size_t>(full_parameter_count(c)));
     FILE* f = std::fopen(path.c_str(), "rb");
     if (!f) throw FileError(path + ": cannot open checkpoint");
-    std::vector<float> full(static_cast<size_t>(count));
-    std::fseek(f, 1024, SEEK_SET);
-    size_t got = std::fread(full.data(), sizeof(float), full.size(), f);
+    const bool whole = std::fread(header, 4, 256, f) == 256 &&
+                       std::fread(full.data(), 4, full.size(), f) == full.size();
     std::fclose(f);
-    if (got != full.size()) throw FileError(path + ": checkpoint is truncated");
+    if (!whole) throw FileError(path + ": checkpoint is truncated");
+    verify_llmc_file(path, header, full.data(), full.size() * 4);  // before anything of it is believed
+    check_same_model(path, c, config);
     check_finite_parameters(config, full.data(), path, "the weights");
     copy_parameter_shards(config, t, rank, full.data(), shard, ShardDirection::full_to_shard);
 }
@@ -97,7 +105,7 @@ void check_finite_parameters(const GPTConfig& config, const float* full, const s
     }
 }
 
-void save_checkpoint(const GPTConfig& c, const float* full, const std::string& path) {
+void write_checkpoint(const GPTConfig& c, const float* full, AtomicFile& file) {
     int header[256] = {};
     header[0] = checkpoint_magic;
     header[1] = checkpoint_version;
@@ -107,7 +115,16 @@ void save_checkpoint(const GPTConfig& c, const float* full, const std::string& p
     header[5] = c.num_heads;
     header[6] = c.channels;
     header[7] = c.padded_vocab_size;
-    write_file_atomically(path, {{header, sizeof header}, {full, size_t(full_parameter_count(c)) * 4}});
+    const size_t bytes = size_t(full_parameter_count(c)) * 4;
+    seal_llmc_header(reinterpret_cast<uint32_t*>(header), full, bytes);
+    file.write(header, sizeof header);
+    file.write(full, bytes);
+}
+
+void save_checkpoint(const GPTConfig& config, const float* full, const std::string& path) {
+    AtomicFile file(path);
+    write_checkpoint(config, full, file);
+    file.commit();
 }
 
 }  // namespace tpsp

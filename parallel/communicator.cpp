@@ -35,10 +35,14 @@ static void wait_or_give_up(MPI_Request* request, const char* what, MPI_Comm com
     }
 }
 
+void wait_for_collective(MPI_Request* request, MPI_Comm comm, const char* what) {
+    wait_or_give_up(request, what, comm, -1);
+}
+
 void all_reduce_ints(int* data, int count, MPI_Op op, MPI_Comm comm, const char* what) {
     MPI_Request request;
     MPI_Iallreduce(MPI_IN_PLACE, data, count, MPI_INT, op, comm, &request);
-    wait_or_give_up(&request, what, comm, -1);
+    wait_for_collective(&request, comm, what);
 }
 
 Communicator::Communicator(MPI_Comm comm) : comm_(comm) {
@@ -184,7 +188,9 @@ void Communicator::gather(const float* send, float* receive, size_t count, int r
         if (receive != send) std::memcpy(receive, send, count * 4);
         return;
     }
-    MPI_Gather(send, int(count), MPI_FLOAT, receive, int(count), MPI_FLOAT, root, comm_);
+    MPI_Request request;
+    MPI_Igather(send, int(count), MPI_FLOAT, receive, int(count), MPI_FLOAT, root, comm_, &request);
+    wait_for_collective(&request, comm_, "gather");
 }
 
 }  // namespace tpsp

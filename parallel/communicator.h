@@ -62,6 +62,9 @@ struct MpiTransfer {
 // group of the process waits under the same deadline.
 void set_peer_timeout(double seconds);
 double peer_timeout();
+// MPI_Wait of a collective's request over comm under that deadline; `what`
+// names it in the line.
+void wait_for_collective(MPI_Request* request, MPI_Comm comm, const char* what);
 // MPI_Allreduce of ints over comm under that deadline; `what` names it in the line.
 void all_reduce_ints(int* data, int count, MPI_Op op, MPI_Comm comm, const char* what);
 

@@ -3,6 +3,7 @@
 #include <mpi.h>
 
 #include "common/files.h"
+#include "parallel/communicator.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -63,14 +64,19 @@ void Tracer::write(const std::string& path, int rank, void* comm_ptr) const {
     int size = 0, length = int(json.size());
     MPI_Comm_size(comm, &size);
     std::vector<int> lengths(static_cast<size_t>(size)), offsets(static_cast<size_t>(size));
-    MPI_Gather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, 0, comm);
+    // both gathers under parallel.timeout_s, as every other wait for peers
+    MPI_Request request;
+    MPI_Igather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, 0, comm, &request);
+    wait_for_collective(&request, comm, "gather of the trace's lengths");
     std::string all;
     if (rank == 0) {
         int total = 0;
         for (int r = 0; r < size; r++) offsets[r] = total, total += lengths[r];
         all.resize(size_t(total));
     }
-    MPI_Gatherv(json.data(), length, MPI_CHAR, all.data(), lengths.data(), offsets.data(), MPI_CHAR, 0, comm);
+    MPI_Igatherv(json.data(), length, MPI_CHAR, all.data(), lengths.data(), offsets.data(), MPI_CHAR, 0, comm,
+                 &request);
+    wait_for_collective(&request, comm, "gather of the trace");
     if (rank != 0) return;
     const std::string head = "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n", tail = "\n]}\n";
     write_file_atomically(path, {{head.data(), head.size()},

@@ -24,6 +24,7 @@ mean() { awk -v key="\"$2\":" '{ i = index($0, key); if (i && ++n > 2) { s += su
 
 measure() {  # t, flags... -> "step_ms comm_ms exposed_ms"
   local t=$1; shift
+  rm -f $out/m.jsonl  # each measurement is a new run
   mpirun --oversubscribe -np $t build/tpsp train configs/overlap_bench.yaml parallel.tp=$t \
     logging.metrics=$out/m.jsonl "$@" > /dev/null
   echo "$(mean $out/m.jsonl ms) $(mean $out/m.jsonl comm_ms) $(mean $out/m.jsonl exposed_comm_ms)"

@@ -12,8 +12,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <regex>
 #include <sstream>
@@ -21,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/checksum.h"
 #include "tests/e2e_support.h"
 
 namespace fs = std::filesystem;
@@ -84,6 +87,33 @@ void poison(const fs::path& file, int64_t header, int64_t index, float value) {
     std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(header + index * 4);
     f.write(reinterpret_cast<const char*>(&value), 4);
+}
+
+// Bit 0 of byte `offset` of a file flipped in place.
+void flip_bit(const fs::path& file, int64_t offset) {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    char byte;
+    f.seekg(offset);
+    f.get(byte);
+    f.seekp(offset);
+    f.put(char(byte ^ 1));
+}
+
+// A model file's header[254..255] set to 0: no checksum recorded, as llm.c writes it.
+void drop_checksum(const fs::path& model_file) {
+    std::fstream f(model_file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(4 * 254);
+    f.write(std::string(8, '\0').data(), 8);
+}
+
+// A state file's last 4 bytes set to the CRC-32C of the rest: what a writer
+// that saved these bytes (a bug) would have recorded.
+void reseal_state(const fs::path& state_file) {
+    const std::string bytes = read_text(state_file);
+    const uint32_t crc = tpsp::crc32c(bytes.data(), bytes.size() - 4);
+    std::fstream f(state_file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(std::streamoff(bytes.size() - 4));
+    f.write(reinterpret_cast<const char*>(&crc), 4);
 }
 
 // A command running in the background (sh -c "exec COMMAND", so the pid is
@@ -229,6 +259,8 @@ TEST(Faults, ANonFiniteNumberInALoadedFileIsOneLineNamingTheFileAndTensor) {
     const fs::path nan_weights = dir / "nan_weights.bin", inf_weights = dir / "inf_weights.bin";
     fs::copy_file(good, nan_weights);
     fs::copy_file(good, inf_weights);
+    drop_checksum(nan_weights);  // the finite check is what stands between llm.c's files and the model
+    drop_checksum(inf_weights);
     poison(nan_weights, 1024, 0, NAN);
     poison(inf_weights, 1024, int64_t(fs::file_size(good) - 1024) / 4 - 1, INFINITY);  // lnfb's last element
     const std::string nan_says = "nan_weights.bin: tensor wte of the weights holds nan at element 0";
@@ -250,6 +282,7 @@ TEST(Faults, ANonFiniteNumberInALoadedFileIsOneLineNamingTheFileAndTensor) {
     const fs::path run_copy = dir / "copy";
     fs::copy(source / "ckpt", run_copy);
     poison(run_copy / "state_00000001.bin", 32, 5, NAN);
+    reseal_state(run_copy / "state_00000001.bin");
     r = run(bounded + tiny_train(dir, fast + "train.steps=2 checkpoint.dir=" + run_copy.string() +
                                           " checkpoint.resume=" + run_copy.string()),
             dir);
@@ -351,6 +384,24 @@ TEST(Faults, AStoppedRankEndsTheJobAfterParallelTimeoutInsteadOfHangingIt) {
         << job.err();
 }
 
+// The gathers after the last step (a save's, the trace file's) wait under the
+// same deadline: rank 1 of a small program stalls 30 s before one of them.
+TEST(Faults, AStalledPeerInAGatherEndsTheJobAfterParallelTimeout) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not installed, or tpsp built without MPI";
+    fs::path dir = scratch_dir();
+    for (const auto& [which, says] : {std::pair{"trace", "the gather of the trace's lengths"},
+                                      std::pair{"gather", "the gather (rank 0 of a group of 2)"}}) {
+        SCOPED_TRACE(which);
+        const auto start = std::chrono::steady_clock::now();
+        Outcome r = run(mpi_env + bounded + "mpirun --oversubscribe -np 2 " + TPSP_STALLED_GATHER + " " + which, dir);
+        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        EXPECT_NE(r.exit_code, 0);
+        EXPECT_LT(seconds, 20.0) << "rank 0 waited for the stalled rank";
+        expect_one_line(r, std::string("tpsp: rank 0: ") + says);
+        EXPECT_NE(r.err.find("waited 2 s without progress (parallel.timeout_s)"), std::string::npos) << r.err;
+    }
+}
+
 TEST(Faults, AClosedStdoutDoesNotStopTheRun) {
     fs::path dir = scratch_dir();
     Outcome r = run(bounded + "bash -c '" + tiny_train(dir, fast + "train.steps=40 logging.every=1") +
@@ -382,6 +433,29 @@ TEST(Faults, ADirectoryThatHoldsARunIsNotStartedOverByMistake) {
     EXPECT_EQ(r.exit_code, 0) << r.err;
     EXPECT_EQ(names_in(dir / "ckpt"),
               (std::vector<std::string>{"latest", "lock", "model_00000001.bin", "state_00000001.bin"}));
+}
+
+TEST(Faults, ANewRunDoesNotTruncateAnotherRunsMetricsUnlessToldToOverwrite) {
+    fs::path dir = scratch_dir();
+    const fs::path metrics = dir / "metrics.jsonl";
+    ASSERT_EQ(run(tiny_train(dir, fast + "train.steps=2 checkpoint.dir="), dir).exit_code, 0);
+    const std::string before = read_text(metrics);
+    ASSERT_EQ(count_lines(before), 2);
+    const std::string says = "tpsp: config error: logging.metrics: " + metrics.string() +
+                             " already holds another run's metrics (";
+    // without a checkpoint directory, and with a new one: neither makes the metrics this run's
+    for (const std::string& where : {std::string("checkpoint.dir="), "checkpoint.dir=" + (dir / "new").string()}) {
+        SCOPED_TRACE(where);
+        Outcome r = run(bounded + tiny_train(dir, fast + "train.steps=3 " + where), dir);
+        EXPECT_EQ(r.exit_code, 1);
+        expect_one_line(r, says);
+        EXPECT_EQ(r.out.find("step "), std::string::npos) << "it trained: " << r.out;
+        EXPECT_EQ(read_text(metrics), before) << "the metrics were changed";
+    }
+    EXPECT_FALSE(fs::exists(dir / "new" / "latest"));
+    Outcome r = run(bounded + tiny_train(dir, fast + "train.steps=3 checkpoint.dir= checkpoint.overwrite=true"), dir);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(field(metrics, "loss").size(), 3u) << "overwrite starts the metrics over";
 }
 
 TEST(Faults, StaleTemporariesAreRemovedAndKeepLastPrunesOlderCheckpoints) {
@@ -446,6 +520,92 @@ TEST(Faults, AFailedSaveLeavesTheLastCheckpointAsItWas) {
     expect_one_line(r, "model_00000003.bin.tmp.");
     EXPECT_NE(r.err.find("write failed"), std::string::npos) << r.err;
     EXPECT_EQ(contents(dir / "ckpt"), before) << "the failed save changed the run directory";
+}
+
+// ----------------------------------------------------------------------------
+// integrity: a changed byte in a file tpsp wrote is refused by every reader
+// (each file's CRC-32C, common/checksum.h), and the file is left as it is
+
+TEST(Faults, AFlippedBitInAModelFileIsRefusedByResumeEvalSampleAndInit) {
+    fs::path dir = scratch_dir(), other = dir / "other";
+    fs::create_directories(other);
+    ASSERT_EQ(run(tiny_train(dir, fast + "train.steps=1"), dir).exit_code, 0);
+    const fs::path ckpt = dir / "ckpt", model = ckpt / "model_00000001.bin";
+    flip_bit(model, 1024 + 4 * 1000);  // a weight of wte, finite still
+    const auto damaged = contents(ckpt);
+    const std::string val = " data.val='" + corpus + "/val_*.bin' ";
+    const std::vector<std::string> readers = {
+        tiny_train(dir, fast + "train.steps=2 checkpoint.resume=" + ckpt.string()),
+        tpsp_binary + " eval " + tiny + val + fast + "checkpoint.init=" + model.string(),
+        tpsp_binary + " sample " + model.string() + " --tokens 5",
+        tiny_train(other, fast + "train.steps=2 checkpoint.init=" + model.string()),
+    };
+    for (const std::string& command : readers) {
+        SCOPED_TRACE(command);
+        Outcome r = run(bounded + command, dir);
+        EXPECT_EQ(r.exit_code, 1);
+        expect_one_line(r, "tpsp: error: " + model.string() + ": damaged: its CRC-32C is ");
+        EXPECT_TRUE(std::regex_search(r.err, std::regex(": damaged: its CRC-32C is [0-9a-f]{8}, the header records "
+                                                        "[0-9a-f]{8}\n$")))
+            << r.err;
+        EXPECT_EQ(r.out.find("step "), std::string::npos) << "it trained: " << r.out;
+        EXPECT_EQ(contents(ckpt), damaged) << "the file was changed";
+    }
+    EXPECT_FALSE(fs::exists(other / "ckpt" / "latest"));
+}
+
+TEST(Faults, AFlippedBitInAStateFileIsRefusedByResumeAndAnEarlierFormatIsOneClearLine) {
+    fs::path dir = scratch_dir(), source = dir / "source";
+    fs::create_directories(source);
+    ASSERT_EQ(run(tiny_train(source, fast + "train.steps=1"), source).exit_code, 0);
+    const std::string damaged = "state_00000001.bin: damaged: its CRC-32C is ";
+    const std::vector<std::pair<std::function<void(const fs::path&)>, std::string>> cases = {
+        {[](const fs::path& state) { flip_bit(state, 32 + 4 * 5); }, damaged},  // AdamW's m
+        {[](const fs::path& state) { flip_bit(state, 16); }, damaged},          // the loader's position: 1 -> 0
+        {[](const fs::path& state) {  // the layout before the checksum: no last 4 bytes, another magic
+             const int64_t magic_without_checksum = 0x7470737073746174;
+             std::string bytes = read_text(state);
+             bytes.resize(bytes.size() - 4);
+             std::memcpy(bytes.data(), &magic_without_checksum, 8);
+             std::ofstream(state, std::ios::binary | std::ios::trunc) << bytes;
+         },
+         "state_00000001.bin: optimizer state of an earlier tpsp, which recorded no checksum: this one cannot "
+         "resume it; start from its weights with checkpoint.init="},
+    };
+    for (size_t i = 0; i < cases.size(); i++) {
+        SCOPED_TRACE(cases[i].second);
+        const fs::path copy = dir / ("copy" + std::to_string(i));
+        fs::copy(source / "ckpt", copy);
+        cases[i].first(copy / "state_00000001.bin");
+        const auto before = contents(copy);
+        Outcome r = run(bounded + tiny_train(dir, fast + "train.steps=2 checkpoint.dir=" + copy.string() +
+                                                      " checkpoint.resume=" + copy.string()),
+                        dir);
+        EXPECT_EQ(r.exit_code, 1);
+        expect_one_line(r, cases[i].second);
+        EXPECT_EQ(contents(copy), before) << "the run directory was changed";
+        EXPECT_FALSE(fs::exists(dir / "metrics.jsonl")) << "a metrics file was made";
+    }
+}
+
+TEST(Faults, AFlippedBitInAPreparedShardIsRefusedBeforeItTrains) {
+    fs::path dir = scratch_dir();
+    const fs::path text = write_file(dir / "text.txt", std::string(100000, 'a') + std::string(100000, 'b'));
+    ASSERT_EQ(run(tpsp_binary + " prepare --tokenizer byte --val-fraction 0.5 " + text.string() + " " +
+                      (dir / "out").string(),
+                  dir)
+                  .exit_code,
+              0);
+    const fs::path shard = dir / "out" / "train_000000.bin";
+    flip_bit(shard, 1024 + 2 * 100);  // 'a' -> '`': a token of the vocabulary still
+    const std::string damaged = read_text(shard);
+    Outcome r = run(bounded + tiny_train(dir, fast + "train.steps=2 data.train=" + shard.string() +
+                                                  " data.val=" + (dir / "out" / "val_000000.bin").string()),
+                    dir);
+    EXPECT_EQ(r.exit_code, 1);
+    expect_one_line(r, "tpsp: error: " + shard.string() + ": damaged: its CRC-32C is ");
+    EXPECT_EQ(r.out.find("step "), std::string::npos) << "it trained: " << r.out;
+    EXPECT_EQ(read_text(shard), damaged);
 }
 
 // Wrong data never trains silently.

@@ -18,8 +18,13 @@
 #include <utility>
 #include <vector>
 
+#include "common/checksum.h"
 #include "data/token_shards.h"
+#include "model/checkpoint.h"
+#include "parallel/process_grid.h"
 #include "tests/e2e_support.h"
+#include "train/adamw.h"
+#include "train/run_checkpoint.h"
 
 namespace fs = std::filesystem;
 using namespace tpsp::e2e;
@@ -153,6 +158,53 @@ TEST(Trainer, ACheckpointReloadsToTheSameLoss) {
                                dir);
     ASSERT_EQ(cudnn_config.exit_code, 0) << cudnn_config.err;
     EXPECT_EQ(printed_val_loss(cudnn_config.out), logged) << cudnn_config.out;
+}
+
+// The save's own guard against non-finite numbers stands behind the step's
+// (which never applies a non-finite step), so no run reaches it: here a save
+// is made in-process, on one rank, after a weight or a moment is set to NaN.
+TEST(Trainer, ASaveOfANonFiniteWeightOrMomentWritesNoFileAndLeavesLatest) {
+    static const bool mpi = [] {  // a singleton (ctest runs each test in a process of its own)
+        MPI_Init(nullptr, nullptr);
+        std::atexit([] { MPI_Finalize(); });
+        return true;
+    }();
+    ASSERT_TRUE(mpi);
+    const fs::path dir = scratch_dir() / "ckpt";
+    fs::create_directories(dir);
+    tpsp::GPTConfig c;
+    c.max_seq_len = 8, c.vocab_size = 16, c.padded_vocab_size = 16, c.num_layers = 1, c.num_heads = 2, c.channels = 8;
+    tpsp::ProcessGrid grid = tpsp::make_process_grid(1);
+    tpsp::GPT model(c, tpsp::RunShape{1, 8, 0.0f});
+    model.init_random(1);
+    tpsp::AdamWOptimizer<tpsp::CpuBackend> optimizer(model, {});
+    tpsp::ShardGatherer<tpsp::CpuBackend> gatherer(model, grid);
+    tpsp::save_run(dir.string(), model, optimizer, grid, gatherer, 1, 0);  // a good step 1
+    auto every_file = [&] {                                                // name -> CRC-32C of its bytes
+        std::map<std::string, uint32_t> files;
+        for (const fs::directory_entry& entry : fs::directory_iterator(dir)) {
+            const std::string bytes = read_text(entry.path());
+            files[entry.path().filename().string()] = tpsp::crc32c(bytes.data(), bytes.size());
+        }
+        return files;
+    };
+    const std::map<std::string, uint32_t> saved = every_file();
+    ASSERT_EQ(saved.size(), 3u) << "latest, model_00000001.bin, state_00000001.bin";
+
+    auto expect_refused = [&](const std::string& says) {
+        try {
+            tpsp::save_run(dir.string(), model, optimizer, grid, gatherer, 2, 0);
+            ADD_FAILURE() << "step 2 was saved";
+        } catch (const tpsp::FileError& e) {
+            EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+        }
+        EXPECT_EQ(every_file(), saved) << "a file was written, changed or left behind (latest, a temporary)";
+    };
+    model.params.wte[3] = NAN;
+    expect_refused("model_00000002.bin: not written: tensor wte of the weights holds nan at element 3");
+    model.params.wte[3] = 0.0f;
+    optimizer.v[tpsp::full_parameter_count(c) - 1] = INFINITY;  // the last element of lnfb
+    expect_refused("state_00000002.bin: not written: tensor lnfb of AdamW's v holds inf at element 7");
 }
 
 TEST(Trainer, GradientAccumulationEqualsTheLargerBatch) {
@@ -544,7 +596,7 @@ TEST(Device, CudaWithoutAGpuIsOneLineAndAutoFallsBack) {
                     r.err.find("train.device: cuda: no CUDA device is visible") != std::string::npos)
             << r.err;
     }
-    r = run(tiny_train(dir, short_run + "train.device=auto"), dir);
+    r = run(tiny_train(dir, short_run + "train.device=auto checkpoint.overwrite=true"), dir);  // after a GPU's run
     EXPECT_EQ(r.exit_code, 0) << r.err;
     EXPECT_EQ(field(dir / "metrics.jsonl", "loss").size(), 2u);
 }

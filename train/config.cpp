@@ -198,12 +198,14 @@ const std::vector<Key>& keys() {
         string_key("checkpoint.resume", [](Config& c) -> std::string& { return c.checkpoint.resume; }, {},
                    "continue the run saved in this directory"),
         bool_key("checkpoint.overwrite", [](Config& c) -> bool& { return c.checkpoint.overwrite; },
-                 "a new run into a checkpoint.dir that holds a run removes that run's checkpoints (else an error)"),
+                 "a new run replaces what an earlier run left: the checkpoints in checkpoint.dir, the "
+                 "logging.metrics file (else an error)"),
         int_key("checkpoint.keep_last", [](Config& c) -> int& { return c.checkpoint.keep_last; }, 0,
                 "after each save keep only the newest N checkpoints; 0 keeps all"),
         int_key("logging.every", [](Config& c) -> int& { return c.logging.every; }, 1, "print every N steps"),
         string_key("logging.metrics", [](Config& c) -> std::string& { return c.logging.metrics; }, {},
-                   "write JSON lines of metrics here (appended to on resume)"),
+                   "write JSON lines of metrics here (appended to on resume; a new run refuses a file that "
+                   "holds metrics unless checkpoint.overwrite)"),
         string_key("logging.trace", [](Config& c) -> std::string& { return c.logging.trace; }, {},
                    "write a Chrome trace (Perfetto) of every rank's compute and communication here"),
         int_key("logging.sample_every", [](Config& c) -> int& { return c.logging.sample_every; }, 0,

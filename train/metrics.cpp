@@ -5,6 +5,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "common/files.h"
@@ -15,10 +16,16 @@ MetricsFile::~MetricsFile() {
     if (fd_ >= 0) ::close(fd_);
 }
 
-void MetricsFile::open(const std::string& path, bool append) {
+void MetricsFile::open(const std::string& path, Start start) {
     check_writable_file(path, "metrics");
+    std::error_code ec;
+    const uintmax_t earlier = std::filesystem::file_size(path, ec);
+    if (start == Start::new_run && !ec && earlier > 0)
+        throw ConfigError("logging.metrics: " + path + " already holds another run's metrics (" +
+                          std::to_string(earlier) +
+                          " bytes): choose another file, or replace it with checkpoint.overwrite=true");
     path_ = path;
-    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | (append ? O_APPEND : O_TRUNC), 0644);
+    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | (start == Start::resume ? O_APPEND : O_TRUNC), 0644);
     if (fd_ < 0) throw FileError(path + ": cannot open metrics file for writing (" + std::strerror(errno) + ")");
 }
 

@@ -26,8 +26,11 @@ public:
     MetricsFile(const MetricsFile&) = delete;
     MetricsFile& operator=(const MetricsFile&) = delete;
     ~MetricsFile();
-    // Creates the file's directory; appends when resuming. Throws FileError.
-    void open(const std::string& path, bool append);
+    // Creates the file's directory, then: a resumed run appends; a new run
+    // refuses a file that already holds metrics (another run's: a
+    // ConfigError) unless told to overwrite it. Throws FileError.
+    enum class Start { resume, new_run, overwrite };
+    void open(const std::string& path, Start start);
     bool is_open() const { return fd_ >= 0; }
     // One line, written whole or not at all: a FileError if it did not
     // reach the file (disk full), and the file keeps only whole lines.

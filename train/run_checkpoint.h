@@ -1,7 +1,8 @@
 // A training run on disk: per saved step, llm.c's model file (model_N.bin,
 // the whole model, readable by llm.c) beside tpsp's state file (state_N.bin:
 // the step, the data loader's position and AdamW's moments), and `latest`
-// naming the last complete pair. Both files hold the whole model in llm.c's
+// naming the last complete pair. Both files record their CRC-32C, checked
+// on every read (common/checksum.h). Both files hold the whole model in llm.c's
 // order, independent of t: a run saved at one TP size resumes at any other.
 #pragma once
 #include <cstdint>
@@ -13,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/checksum.h"
 #include "common/files.h"
 #include "model/checkpoint.h"
 #include "model/gpt.h"
@@ -22,8 +24,15 @@
 
 namespace tpsp {
 
-// state_N.bin: int64 magic, step, loader position, parameter count, then m and v as fp32.
-constexpr int64_t state_magic = 0x7470737073746174;  // "tpspstat"
+// state_N.bin, n = the whole model's parameter count:
+//   int64 magic, step, loader position, n      32 bytes
+//   AdamW's m [n] fp32, then v [n] fp32       8n bytes, llm.c's order
+//   uint32 CRC-32C of all the bytes above      4 bytes
+constexpr int64_t state_magic = 0x7470737073746132;  // "tpspsta2"
+// The state file of tpsp before the checksum: the same without its last 4 bytes.
+constexpr int64_t state_magic_without_checksum = 0x7470737073746174;  // "tpspstat"
+
+inline uintmax_t state_file_bytes(int64_t n) { return 32 + uintmax_t(n) * 8 + 4; }
 
 inline std::string step_file(const std::string& dir, const char* stem, int step) {
     char name[64];
@@ -61,9 +70,10 @@ private:
 
 // Saves step `step` into dir: the model file, the state file, then `latest`.
 // Collective over the TP group of dp rank 0; world rank 0 writes. Weights or
-// moments that are not finite are never written. The writer's first error
-// (a FileError) is thrown after the last gather, so that no rank of the
-// group is left waiting in one.
+// moments that are not finite are never written: the two files are
+// committed under their names together, once both are whole and finite. The
+// writer's first error (a FileError) is thrown after the last gather, so
+// that no rank of the group is left waiting in one.
 template <class Backend>
 void save_run(const std::string& dir, GPTModel<Backend>& model, const AdamWOptimizer<Backend>& opt, ProcessGrid& grid,
               ShardGatherer<Backend>& gatherer, int step, int64_t loader_position) {
@@ -79,17 +89,20 @@ void save_run(const std::string& dir, GPTModel<Backend>& model, const AdamWOptim
         }
     };
     const std::string model_path = step_file(dir, "model", step), state_path = step_file(dir, "state", step);
+    std::unique_ptr<AtomicFile> model_file, state;
     const float* params = gatherer.gather(model.params.wte);
     on_writer([&] {
         check_finite_parameters(model.config, params, model_path + ": not written", "the weights");
-        save_checkpoint(model.config, params, model_path);
+        model_file = std::make_unique<AtomicFile>(model_path);
+        write_checkpoint(model.config, params, *model_file);
     });
     // the moments pass through the gatherer's one buffer in turn
-    std::unique_ptr<AtomicFile> state;
+    Crc32c state_crc;
     on_writer([&] {
         state = std::make_unique<AtomicFile>(state_path);
         const int64_t head[4] = {state_magic, step, loader_position, n};
         state->write(head, sizeof head);
+        state_crc.update(head, sizeof head);
     });
     for (const auto& moment : {std::pair{opt.m, "AdamW's m"}, std::pair{opt.v, "AdamW's v"}}) {
         const float* full = gatherer.gather(moment.first);
@@ -97,9 +110,13 @@ void save_run(const std::string& dir, GPTModel<Backend>& model, const AdamWOptim
         on_writer([&] {
             check_finite_parameters(model.config, full, state_path + ": not written", name);
             state->write(full, size_t(n) * 4);
+            state_crc.update(full, size_t(n) * 4);
         });
     }
     on_writer([&] {
+        const uint32_t crc = state_crc.value();
+        state->write(&crc, sizeof crc);
+        model_file->commit();
         state->commit();
         const std::string latest = std::to_string(step) + "\n";
         write_file_atomically(dir + "/latest", {{latest.data(), latest.size()}});  // last: the pair is complete
@@ -126,18 +143,26 @@ ResumedRun load_run(const std::string& dir, GPTModel<Backend>& model, AdamWOptim
     const int step = latest_step(dir);
     if (step < 0) throw FileError(dir + "/latest: missing or unreadable: not a tpsp run directory");
     load_weights(model, step_file(dir, "model", step));
-    std::string path = step_file(dir, "state", step);
+    const std::string path = step_file(dir, "state", step);
     const int64_t n = full_parameter_count(model.config);
-    std::error_code ec;
-    uintmax_t size = std::filesystem::file_size(path, ec);
-    if (ec || size != 32 + uintmax_t(n) * 8)
-        throw FileError(path + ": optimizer state is " + std::to_string(ec ? 0 : size) + " bytes, expected " +
-                        std::to_string(32 + n * 8));
     std::ifstream in(path, std::ios::binary);
-    int64_t head[4];
-    in.read(reinterpret_cast<char*>(head), 32);
+    int64_t head[4] = {};
+    if (in.read(reinterpret_cast<char*>(head), 32) && head[0] == state_magic_without_checksum)
+        throw FileError(path + ": optimizer state of an earlier tpsp, which recorded no checksum: this one cannot " +
+                        "resume it; start from its weights with checkpoint.init=" + step_file(dir, "model", step));
+    std::error_code ec;
+    const uintmax_t size = std::filesystem::file_size(path, ec), expected = state_file_bytes(n);
+    if (ec || size != expected)
+        throw FileError(path + ": optimizer state is " + std::to_string(ec ? 0 : size) + " bytes, expected " +
+                        std::to_string(expected));
+    uint32_t recorded = 0;
+    in.seekg(std::streamoff(expected - 4));
+    in.read(reinterpret_cast<char*>(&recorded), 4);
+    check_crc32c(path, crc32c_of_file(path, expected - 4), recorded,
+                 "its last 4 bytes");  // before anything is believed
     if (head[0] != state_magic || head[1] != step || head[3] != n)
         throw FileError(path + ": not the optimizer state of step " + std::to_string(step) + " of this model");
+    in.seekg(32);
     std::vector<float> full(static_cast<size_t>(n)), shard(static_cast<size_t>(model.num_parameters));
     for (const auto& [moment, name] : {std::pair{opt.m, "AdamW's m"}, std::pair{opt.v, "AdamW's v"}}) {
         in.read(reinterpret_cast<char*>(full.data()), n * 4);

@@ -167,7 +167,11 @@ void Trainer<Backend>::claim_outputs() {
     if (!cfg_.logging.trace.empty()) check_writable_file(cfg_.logging.trace, "trace");
     if (!cfg_.checkpoint.dir.empty())
         run_dir_.claim(cfg_.checkpoint.dir, cfg_.checkpoint.resume, cfg_.checkpoint.overwrite);
-    if (!cfg_.logging.metrics.empty()) metrics_.open(cfg_.logging.metrics, start_step_ > 0);
+    using Start = MetricsFile::Start;
+    if (!cfg_.logging.metrics.empty())
+        metrics_.open(cfg_.logging.metrics, start_step_ > 0             ? Start::resume
+                                            : cfg_.checkpoint.overwrite ? Start::overwrite
+                                                                        : Start::new_run);
 }
 
 template <class Backend>

@@ -91,12 +91,15 @@ inline int MPI_Ireduce_scatter_block(const void* send, void* receive, int count,
     single_process_mpi::copy(send, receive, count, type);
     return MPI_SUCCESS;
 }
-inline int MPI_Gather(const void* send, int count, MPI_Datatype type, void* receive, int, MPI_Datatype, int, MPI_Comm) {
+inline int MPI_Igather(const void* send, int count, MPI_Datatype type, void* receive, int, MPI_Datatype, int, MPI_Comm,
+                       MPI_Request* request) {
+    *request = MPI_REQUEST_NULL;
     single_process_mpi::copy(send, receive, count, type);
     return MPI_SUCCESS;
 }
-inline int MPI_Gatherv(const void* send, int count, MPI_Datatype type, void* receive, const int*, const int* offsets,
-                       MPI_Datatype, int, MPI_Comm) {
+inline int MPI_Igatherv(const void* send, int count, MPI_Datatype type, void* receive, const int*, const int* offsets,
+                        MPI_Datatype, int, MPI_Comm, MPI_Request* request) {
+    *request = MPI_REQUEST_NULL;
     char* at = static_cast<char*>(receive) + offsets[0] * single_process_mpi::element_bytes(type);
     single_process_mpi::copy(send, at, count, type);
     return MPI_SUCCESS;
