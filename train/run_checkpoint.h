@@ -2,7 +2,7 @@
 // the whole model, readable by llm.c) beside tpsp's state file (state_N.bin:
 // the step, the data loader's position and AdamW's moments), and `latest`
 // naming the last complete pair. Both files record their CRC-32C, checked
-// on every read (common/checksum.h). Both files hold the whole model in llm.c's
+// on every read (common/checksum.h), and hold the whole model in llm.c's
 // order, independent of t: a run saved at one TP size resumes at any other.
 #pragma once
 #include <cstdint>
