@@ -169,7 +169,7 @@ void Communicator::all_reduce_sum(double* data, size_t count) {
     if (size_ == 1) return;
     MPI_Request request;
     MPI_Iallreduce(MPI_IN_PLACE, data, int(count), MPI_DOUBLE, MPI_SUM, comm_, &request);
-    wait_or_give_up(&request, "all-reduce of doubles", comm_, -1);
+    wait_for_collective(&request, comm_, "all-reduce of doubles");
 }
 
 void Communicator::copy(float* dst, const float* src, size_t count) { std::memmove(dst, src, count * 4); }

@@ -241,41 +241,19 @@ static int column_block_start(int columns, int threads, int thread) {
     return int(int64_t(columns) * thread / threads) / 16 * 16;
 }
 
-// out [N, OC] = inp [N, C] @ weight [OC, C]^T, the library threading it.
-static void matmul_forward_whole(float* out, const float* inp, const float* weight, const float* bias, int N, int C,
-                                 int OC) {
+// out [N, o_begin:o_end] = inp [N, C] @ weight [o_begin:o_end, C]^T + bias [o_begin:o_end]
+// (bias may be null). Called inside a parallel region, its bias loop and its
+// GEMM run on the calling thread alone.
+static void matmul_forward_columns(float* out, const float* inp, const float* weight, const float* bias, int N, int C,
+                                   int OC, int o_begin, int o_end) {
+    const int width = o_end - o_begin;
     float beta = 0.0f;
     if (bias) {
 #pragma omp parallel for
-        for (int n = 0; n < N; n++) std::memcpy(out + int64_t(n) * OC, bias, sizeof(float) * OC);
+        for (int n = 0; n < N; n++) std::memcpy(out + int64_t(n) * OC + o_begin, bias + o_begin, sizeof(float) * width);
         beta = 1.0f;
     }
-    linear_sgemm(false, true, N, OC, C, 1.0f, inp, C, weight, C, beta, out, OC);
-}
-
-// The same GEMM split by output columns, one block of weight rows per OpenMP
-// thread, each block a single-threaded GEMM (a GEMM called inside a parallel
-// region runs on the calling thread): the cut of a column-parallel linear,
-// across threads.
-static void matmul_forward_column_blocks(float* out, const float* inp, const float* weight, const float* bias, int N,
-                                         int C, int OC) {
-#pragma omp parallel
-    {
-        const int threads = omp_get_num_threads(), thread = omp_get_thread_num();
-        const int o_begin = column_block_start(OC, threads, thread);
-        const int o_end = column_block_start(OC, threads, thread + 1);
-        if (o_end > o_begin) {
-            float beta = 0.0f;
-            if (bias) {
-                for (int n = 0; n < N; n++)
-                    std::memcpy(out + int64_t(n) * OC + o_begin, bias + o_begin, sizeof(float) * (o_end - o_begin));
-                beta = 1.0f;
-            }
-            // out [N, o_begin:o_end] = inp [N, C] @ weight [o_begin:o_end, C]^T
-            linear_sgemm(false, true, N, o_end - o_begin, C, 1.0f, inp, C, weight + int64_t(o_begin) * C, C, beta,
-                         out + o_begin, OC);
-        }
-    }
+    linear_sgemm(false, true, N, width, C, 1.0f, inp, C, weight + int64_t(o_begin) * C, C, beta, out + o_begin, OC);
 }
 
 // With fewer rows than output columns (N = b·s of a few hundred against
@@ -285,8 +263,19 @@ static void matmul_forward_column_blocks(float* out, const float* inp, const flo
 // more rows than columns (the tiny config: N = 2048) their threading is the
 // faster one.
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC) {
-    if (N < OC) matmul_forward_column_blocks(out, inp, weight, bias, N, C, OC);
-    else matmul_forward_whole(out, inp, weight, bias, N, C, OC);
+    if (N >= OC) {
+        matmul_forward_columns(out, inp, weight, bias, N, C, OC, 0, OC);  // the library threads the GEMM
+        return;
+    }
+    // one block of output columns (of weight rows) per thread, each a
+    // single-threaded GEMM: the cut of a column-parallel linear, across threads
+#pragma omp parallel
+    {
+        const int threads = omp_get_num_threads(), thread = omp_get_thread_num();
+        const int o_begin = column_block_start(OC, threads, thread);
+        const int o_end = column_block_start(OC, threads, thread + 1);
+        if (o_end > o_begin) matmul_forward_columns(out, inp, weight, bias, N, C, OC, o_begin, o_end);
+    }
 }
 
 void matmul_backward_input(float* dinp, const float* dout, const float* weight, int N, int C, int OC) {
