@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -36,7 +37,8 @@ std::string read_whole_file(const std::string& path, const std::string& what) {
     return ss.str();
 }
 
-AtomicFile::AtomicFile(const std::string& path) : path_(path), tmp_(path + ".tmp." + std::to_string(::getpid())) {
+AtomicFile::AtomicFile(const std::string& path)
+    : path_(path), tmp_(path + temporary_infix + std::to_string(::getpid())) {
     file_ = std::fopen(tmp_.c_str(), "wb");
     if (!file_) throw FileError(tmp_ + ": cannot open for writing (" + std::strerror(errno) + ")");
 }
@@ -67,7 +69,14 @@ void write_file_atomically(const std::string& path, std::initializer_list<FilePa
 }
 
 bool is_temporary_name(const std::string& name) {
-    return name.find(".tmp.") != std::string::npos || name.ends_with(".tmp");
+    for (const char* infix : {temporary_infix, probe_infix}) {
+        const size_t at = name.rfind(infix);
+        if (at == std::string::npos) continue;
+        const std::string pid = name.substr(at + std::strlen(infix));
+        if (!pid.empty() && std::all_of(pid.begin(), pid.end(), [](char c) { return c >= '0' && c <= '9'; }))
+            return true;
+    }
+    return false;
 }
 
 void make_writable_directory(const std::string& dir, const std::string& what) {
@@ -75,7 +84,7 @@ void make_writable_directory(const std::string& dir, const std::string& what) {
     std::filesystem::create_directories(dir, ec);
     if (ec) throw FileError(dir + ": cannot create the " + what + " directory (" + ec.message() + ")");
     if (!std::filesystem::is_directory(dir)) throw FileError(dir + ": the " + what + " directory is not a directory");
-    const std::string probe = dir + "/.probe.tmp." + std::to_string(::getpid());  // a crash leaves a temporary
+    const std::string probe = dir + "/" + probe_infix + std::to_string(::getpid());  // a crash leaves a temporary
     FILE* f = std::fopen(probe.c_str(), "wb");
     if (!f) throw FileError(dir + ": the " + what + " directory is not writable (" + std::strerror(errno) + ")");
     const bool written = std::fputc('\n', f) != EOF && std::fflush(f) == 0;
@@ -92,6 +101,29 @@ void check_writable_file(const std::string& path, const std::string& what) {
     if (std::filesystem::exists(status) && !std::filesystem::is_regular_file(status))
         throw FileError(path + ": the " + what + " file must be a regular file");
     make_writable_directory(folder_of(path), what);
+}
+
+bool same_file(const std::string& a, const std::string& b) {
+    namespace fs = std::filesystem;
+    std::error_code ec_a, ec_b;
+    const bool both_exist = fs::exists(a, ec_a) && fs::exists(b, ec_b);
+    if (both_exist) return fs::equivalent(a, b, ec_a);
+    const fs::path resolved_a = fs::weakly_canonical(a, ec_a), resolved_b = fs::weakly_canonical(b, ec_b);
+    return !ec_a && !ec_b && resolved_a == resolved_b;
+}
+
+void check_outputs_apart(const std::vector<NamedFile>& inputs, const std::vector<NamedFile>& outputs) {
+    for (size_t o = 0; o < outputs.size(); o++) {
+        const NamedFile& out = outputs[o];
+        for (const NamedFile& in : inputs)
+            if (same_file(out.path, in.path))
+                throw ConfigError(out.named_by + ": " + out.path + " is also read by this run (" + in.named_by + ": " +
+                                  in.path + "): writing it would destroy an input; choose another file");
+        for (size_t other = 0; other < o; other++)
+            if (same_file(out.path, outputs[other].path))
+                throw ConfigError(out.named_by + ": " + out.path + " is also written as " + outputs[other].named_by +
+                                  " (" + outputs[other].path + "): give each output a file of its own");
+    }
 }
 
 }  // namespace tpsp

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <initializer_list>
 #include <string>
+#include <vector>
 
 #include "common/errors.h"
 
@@ -13,7 +14,13 @@ namespace tpsp {
 // The whole file; if it cannot be opened, a FileError "PATH: cannot open WHAT".
 std::string read_whole_file(const std::string& path, const std::string& what);
 
-// A file written as PATH.tmp.<pid> and renamed to PATH by commit(): a crash
+// The names tpsp gives its temporaries, and the only names it ever cleans
+// up: NAME.tpsp-tmp.<pid> (AtomicFile) and .tpsp-probe.<pid> (a writability
+// probe). No user names a file so; a user's results.tmp.csv is never touched.
+inline constexpr const char* temporary_infix = ".tpsp-tmp.";
+inline constexpr const char* probe_infix = ".tpsp-probe.";
+
+// A file written as PATH.tpsp-tmp.<pid> and renamed to PATH by commit(): a crash
 // (or an error, or never committing) leaves no half-written PATH, and two
 // writers never share a temporary. commit() syncs the file before the rename
 // and the folder after it, so a committed PATH survives a power cut.
@@ -39,17 +46,33 @@ struct FilePart {
 };
 void write_file_atomically(const std::string& path, std::initializer_list<FilePart> parts);
 
-// Whether a file name is a temporary: AtomicFile's NAME.tmp.<pid> (or
-// NAME.tmp, as earlier versions named them), or a writability probe.
+// Whether a file name is one of tpsp's temporaries: it ends in
+// temporary_infix or probe_infix followed by a pid (digits only).
 bool is_temporary_name(const std::string& name);
 
 // Creates the directory DIR (and its parents) and proves it writable by
-// creating, writing and removing a probe file in it (.probe.tmp.<pid>); a FileError names DIR
+// creating, writing and removing a probe file in it (.tpsp-probe.<pid>); a FileError names DIR
 // and what failed.
 void make_writable_directory(const std::string& dir, const std::string& what);
 
 // PATH will be written as a whole file or a log: PATH, if it exists, must
 // be a regular file, and its directory is made writable (above).
 void check_writable_file(const std::string& path, const std::string& what);
+
+// A file a command reads or writes, and the key or option that names it.
+struct NamedFile {
+    std::string path;
+    std::string named_by;  // "logging.metrics", "data.train", ...
+};
+
+// Whether two paths name one file: the same device and inode where both
+// exist (links resolved), else the same path once the links of its existing
+// part are resolved (an output that does not exist yet).
+bool same_file(const std::string& a, const std::string& b);
+
+// Every output compared with every input and with every other output, before
+// anything is written: a collision is a ConfigError naming both keys and the
+// file. Writing an output must never destroy what the command reads.
+void check_outputs_apart(const std::vector<NamedFile>& inputs, const std::vector<NamedFile>& outputs);
 
 }  // namespace tpsp

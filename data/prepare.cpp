@@ -76,9 +76,15 @@ static std::vector<std::filesystem::path> earlier_shards(const std::string& out_
     return found;
 }
 
-static void clear_earlier_shards(const std::string& out_dir, bool replace) {
+// An input among them is refused even with --replace: removing it would destroy what prepare reads.
+static void clear_earlier_shards(const std::string& out_dir, bool replace, const std::vector<std::string>& inputs) {
     const std::vector<std::filesystem::path> found = earlier_shards(out_dir);
     if (found.empty()) return;
+    for (const std::filesystem::path& path : found)
+        for (const std::string& input : inputs)
+            if (same_file(path.string(), input))
+                throw FileError(input + ": this input is one of the shard files that prepare writes into " + out_dir +
+                                " (and --replace removes): move it out of " + out_dir);
     if (!replace)
         throw FileError(out_dir + ": holds " + std::to_string(found.size()) + " shard file(s) of an earlier prepare (" +
                         found.front().filename().string() + ", ...); give --replace to remove them first");
@@ -99,7 +105,7 @@ void prepare_shards(const std::vector<std::string>& inputs, const std::string& o
     std::error_code ec;
     std::filesystem::create_directories(out_dir, ec);
     if (ec) throw FileError(out_dir + ": cannot create output directory (" + ec.message() + ")");
-    clear_earlier_shards(out_dir, options.replace);
+    clear_earlier_shards(out_dir, options.replace, inputs);
 
     std::vector<uint16_t> tokens;
     std::vector<int> piece_tokens;

@@ -78,7 +78,7 @@ std::vector<std::string> names_in(const fs::path& dir) {
 
 bool holds_a_temporary(const fs::path& dir) {
     for (const std::string& name : names_in(dir))
-        if (name.find(".tmp") != std::string::npos) return true;
+        if (name.find(".tpsp-tmp.") != std::string::npos) return true;
     return false;
 }
 
@@ -458,16 +458,152 @@ TEST(Faults, ANewRunDoesNotTruncateAnotherRunsMetricsUnlessToldToOverwrite) {
     EXPECT_EQ(field(metrics, "loss").size(), 3u) << "overwrite starts the metrics over";
 }
 
+// ----------------------------------------------------------------------------
+// outputs never destroy inputs: every output path is compared with every
+// input and every other output before anything is written (docs/design.md §7)
+
+// Every regular file under dir with its bytes (the lock aside).
+std::map<std::string, std::string> tree_contents(const fs::path& dir) {
+    std::map<std::string, std::string> files;
+    for (const fs::directory_entry& entry : fs::recursive_directory_iterator(dir))
+        if (entry.is_regular_file() && entry.path().filename() != "lock")
+            files[fs::relative(entry.path(), dir).string()] = read_text(entry.path());
+    return files;
+}
+
+TEST(Faults, AnOutputThatIsAnInputOrAnotherOutputIsOneLineAndChangesNothing) {
+    fs::path dir = scratch_dir(), data = dir / "data", ck = dir / "ckpt";
+    fs::create_directories(data);
+    // the run's own copies of the corpus and the config: if a case wrote over them, only this test's files suffer
+    fs::copy_file(corpus + "/train_000000.bin", data / "train_000000.bin");
+    fs::copy_file(corpus + "/val_000000.bin", data / "val_000000.bin");
+    fs::copy_file(tiny, dir / "tiny.yaml");
+    fs::create_symlink(data / "val_000000.bin", dir / "link_to_val.bin");
+    const std::string own_data = " data.train=" + (data / "train_*.bin").string() +
+                                 " data.val=" + (data / "val_*.bin").string() + " train.val_every=1 ";
+    auto train = [&](const std::string& extra) {
+        std::string command = tiny_train(dir, fast + "train.steps=2 " + extra) + own_data;
+        return bounded + std::regex_replace(command, std::regex(tiny), (dir / "tiny.yaml").string());
+    };
+    ASSERT_EQ(run(train("checkpoint.every=1"), dir).exit_code, 0);
+    fs::rename(dir / "metrics.jsonl", dir / "first_metrics.jsonl");
+    const std::string resume = " train.steps=3 checkpoint.resume=" + ck.string() + " ";
+    const std::vector<std::pair<std::string, std::string>> cases = {
+        {"checkpoint.overwrite=true logging.metrics=" + (data / "train_000000.bin").string(),
+         "logging.metrics: " + (data / "train_000000.bin").string() + " is also read by this run (data.train"},
+        {"checkpoint.dir=" + (dir / "new").string() + " logging.trace=" + (dir / "link_to_val.bin").string(),
+         "is also read by this run (data.val: " + (data / "val_000000.bin").string()},
+        {"checkpoint.dir=" + (dir / "new").string() + " logging.trace=" + (dir / "tiny.yaml").string(),
+         "is also read by this run (the config: "},
+        {"checkpoint.dir=" + (dir / "new").string() + " logging.metrics=" + (dir / "m.jsonl").string() +
+             " logging.trace=" + (dir / "." / "m.jsonl").string(),
+         "logging.trace: " + (dir / "." / "m.jsonl").string() + " is also written as logging.metrics"},
+        {resume + "logging.metrics=" + (ck / "lock").string(),
+         "logging.metrics: " + (ck / "lock").string() + " is one of the files the run in checkpoint.dir"},
+        {resume + "logging.metrics=" + (dir / "m.jsonl").string() +
+             " logging.trace=" + (ck / "model_00000002.bin").string(),
+         "logging.trace: " + (ck / "model_00000002.bin").string() + " is also read by this run (checkpoint.resume"},
+        {"checkpoint.overwrite=true checkpoint.init=" + (ck / "model_00000001.bin").string(),
+         "checkpoint.init: " + (ck / "model_00000001.bin").string() + " lies among the files that the run in"},
+    };
+    const auto before = tree_contents(dir);
+    for (const auto& [setting, says] : cases) {
+        SCOPED_TRACE(setting);
+        Outcome r = run(train(setting), dir);
+        EXPECT_EQ(r.exit_code, 1);
+        expect_ended_in_time(r);
+        expect_one_line(r, says);
+        EXPECT_EQ(r.out.find("step "), std::string::npos) << "it trained: " << r.out;
+        EXPECT_EQ(tree_contents(dir), before) << "a refused run changed a file";
+    }
+}
+
+TEST(Faults, PrepareNeverRemovesItsOwnInput) {
+    fs::path dir = scratch_dir(), out = dir / "out";
+    fs::create_directories(out);
+    fs::copy_file(corpus + "/kjv.txt", dir / "text.txt");
+    ASSERT_EQ(run(tpsp_binary + " prepare --tokenizer byte " + (dir / "text.txt").string() + " " + out.string(), dir)
+                  .exit_code,
+              0);
+    const std::string input = (out / "train_000000.bin").string();  // an earlier prepare's shard, now an input
+    const auto before = tree_contents(dir);
+    Outcome r = run(bounded + tpsp_binary + " prepare --tokenizer byte --replace " + input + " " + out.string(), dir);
+    EXPECT_EQ(r.exit_code, 1);
+    expect_one_line(r, input + ": this input is one of the shard files that prepare writes into");
+    EXPECT_EQ(tree_contents(dir), before);
+}
+
+// ----------------------------------------------------------------------------
+// resume continues only what it can continue
+
+TEST(Faults, AResumedRunCutsTheMetricsBackToTheStepItResumesAndNeedsACheckpointDirectory) {
+    fs::path dir = scratch_dir(), ck = dir / "ckpt";
+    ASSERT_EQ(run(tiny_train(dir, fast + "train.steps=4 checkpoint.every=2"), dir).exit_code, 0);
+    const std::vector<std::string> straight = field(dir / "metrics.jsonl", "loss");
+    ASSERT_EQ(straight.size(), 4u);
+    // as after kill -9 between step 4's metrics and its `latest`: the metrics hold steps 3 and 4, `latest` says 2
+    write_file(ck / "latest", "2\n");
+    Outcome r = run(bounded + tiny_train(dir, fast + "train.steps=4 checkpoint.resume=" + ck.string()), dir);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(field(dir / "metrics.jsonl", "step"), (std::vector<std::string>{"1", "2", "3", "4"}));
+    EXPECT_EQ(field(dir / "metrics.jsonl", "loss"), straight) << "resume is bit-exact, each step once";
+
+    Outcome nowhere = run(
+        bounded + tiny_train(dir, fast + "train.steps=6 checkpoint.dir= checkpoint.resume=" + ck.string()), dir);
+    EXPECT_EQ(nowhere.exit_code, 1);
+    expect_one_line(nowhere, "checkpoint.dir: checkpoint.resume continues a run, but with no checkpoint.dir");
+}
+
+TEST(Faults, TwoRunsOnOneMetricsFileAreRefusedByItsLock) {
+    fs::path dir = scratch_dir(), second = dir / "second";
+    fs::create_directories(second);
+    Background first(tiny_train(dir, fast + "train.steps=1000000 logging.every=1"), dir);
+    ASSERT_TRUE(first.wait_for_output("data: ", 60)) << first.err();
+    Outcome refused = run(
+        bounded + tiny_train(second, fast + "train.steps=3 checkpoint.overwrite=true logging.metrics=" +
+                                         (dir / "metrics.jsonl").string()),
+        second);
+    EXPECT_EQ(refused.exit_code, 1);
+    expect_one_line(refused, "metrics.jsonl: another tpsp run is writing these metrics");
+    kill(first.pid(), SIGTERM);
+    EXPECT_EQ(first.wait(60), 128 + SIGTERM) << first.err();
+    const std::vector<std::string> steps = field(dir / "metrics.jsonl", "step");  // valid JSON lines, one run's
+    for (size_t i = 0; i < steps.size(); i++) EXPECT_EQ(steps[i], std::to_string(i + 1));
+}
+
+// ----------------------------------------------------------------------------
+// a command whose product is its output fails when the output is lost
+
+TEST(Faults, ACommandWhoseOutputIsLostExitsNonZero) {
+    fs::path dir = scratch_dir();
+    ASSERT_EQ(run(tiny_train(dir, fast + "train.steps=1"), dir).exit_code, 0);
+    const std::string model = (dir / "ckpt" / "model_00000001.bin").string();
+    for (const std::string& command : {tpsp_binary + " config-reference", tpsp_binary + " memory " + tiny,
+                                       tpsp_binary + " sample " + model + " --tokens 8"}) {
+        SCOPED_TRACE(command);
+        Outcome full = run(bounded + "sh -c '" + command + " > /dev/full'", dir);
+        EXPECT_EQ(full.exit_code, 1);
+        expect_one_line(full, "cannot write to standard output");
+    }
+}
+
+// Only tpsp's own temporaries (NAME.tpsp-tmp.<pid>, .tpsp-probe.<pid>) are
+// cleaned up: a user's files that merely look temporary are left alone.
 TEST(Faults, StaleTemporariesAreRemovedAndKeepLastPrunesOlderCheckpoints) {
     fs::path dir = scratch_dir();
     fs::create_directories(dir / "ckpt");
-    write_file(dir / "ckpt" / "model_00000007.bin.tmp.12345", "a crashed writer's");
-    write_file(dir / "ckpt" / "latest.tmp", "an older tpsp's");
+    write_file(dir / "ckpt" / "model_00000007.bin.tpsp-tmp.12345", "a crashed writer's");
+    write_file(dir / "ckpt" / ".tpsp-probe.12345", "a crashed probe");
+    const std::vector<std::string> users = {"results.tmp.csv", "notes.tmp", "a.tmp.7", "x.tpsp-tmp.", "y.tpsp-tmp.1a"};
+    for (const std::string& name : users) write_file(dir / "ckpt" / name, "the user's");
     Outcome r = run(bounded + tiny_train(dir, fast + "train.steps=5 checkpoint.every=1 checkpoint.keep_last=2"), dir);
     EXPECT_EQ(r.exit_code, 0) << r.err;
-    EXPECT_EQ(names_in(dir / "ckpt"),
-              (std::vector<std::string>{"latest", "lock", "model_00000004.bin", "model_00000005.bin",
-                                        "state_00000004.bin", "state_00000005.bin"}));
+    std::vector<std::string> expected = {
+        "latest", "lock", "model_00000004.bin", "model_00000005.bin", "state_00000004.bin", "state_00000005.bin"};
+    expected.insert(expected.end(), users.begin(), users.end());
+    std::sort(expected.begin(), expected.end());
+    EXPECT_EQ(names_in(dir / "ckpt"), expected);
+    for (const std::string& name : users) EXPECT_EQ(read_text(dir / "ckpt" / name), "the user's") << name;
     EXPECT_EQ(read_text(dir / "ckpt" / "latest"), "5\n");
 }
 
@@ -499,7 +635,7 @@ TEST(Faults, AFailedTraceWriteIsOneLineAndNeverSaysWrote) {
                         "'",
                     dir);
     EXPECT_EQ(r.exit_code, 1);
-    expect_one_line(r, "trace.json.tmp.");
+    expect_one_line(r, "trace.json.tpsp-tmp.");
     EXPECT_EQ(r.out.find("wrote"), std::string::npos) << r.out;
     EXPECT_FALSE(fs::exists(dir / "trace.json")) << "a broken trace was left";
     EXPECT_FALSE(holds_a_temporary(dir));
@@ -517,7 +653,7 @@ TEST(Faults, AFailedSaveLeavesTheLastCheckpointAsItWas) {
         dir);
     EXPECT_EQ(r.exit_code, 1);
     expect_ended_in_time(r);
-    expect_one_line(r, "model_00000003.bin.tmp.");
+    expect_one_line(r, "model_00000003.bin.tpsp-tmp.");
     EXPECT_NE(r.err.find("write failed"), std::string::npos) << r.err;
     EXPECT_EQ(contents(dir / "ckpt"), before) << "the failed save changed the run directory";
 }

@@ -298,6 +298,11 @@ void validate(const Config& c, const std::string& where) {
         fail("data.tokenizer", "logging.sample_every needs the tokenizer file that decodes GPT-2 tokens");
     if (c.parallel.tp_comm_overlap && !c.parallel.sequence_parallel)
         fail("parallel.tp_comm_overlap", "the overlap schedules need parallel.sequence_parallel: true");
+    if (!c.checkpoint.resume.empty() && c.checkpoint.dir.empty())
+        fail("checkpoint.dir",
+             "checkpoint.resume continues a run, but with no checkpoint.dir it would save nothing "
+             "(checkpoint.dir=" +
+                 c.checkpoint.resume + " continues it where it was saved)");
     if (!c.checkpoint.init.empty() && !c.checkpoint.resume.empty())
         fail("checkpoint.init", "give checkpoint.init or checkpoint.resume, not both");
     if (c.model.attention == "cudnn" && c.train.device == "cpu")
@@ -391,6 +396,7 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
         apply(c, "override " + o.substr(0, eq), o.substr(0, eq), o.substr(eq + 1));
     }
     validate(c, path.empty() ? "config" : path);
+    c.file = path;
     return c;
 }
 

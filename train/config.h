@@ -77,6 +77,8 @@ struct Config {
         int sample_tokens = 64;
     } logging;
 
+    std::string file;  // the YAML file it was read from ("" for the defaults alone): one of a run's inputs
+
     GPTConfig gpt() const;
     RunShape run_shape() const;
     // The tp_comm_* switches resolved: off without the master switch; rs_dgrad turns the bulk ones off.

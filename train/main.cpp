@@ -15,9 +15,11 @@
 #include <omp.h>
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -196,6 +198,18 @@ void add_sample_options(CLI::App* sample, std::string& checkpoint, SampleOptions
         ->capture_default_str();
 }
 
+// The exit code of a command whose product is what it prints (sample's text,
+// memory's tables, eval's loss): not 0 when that did not reach stdout (a
+// full disk, a closed pipe), since the output is then lost.
+int printed(int code, bool lead) {
+    if (std::fflush(stdout) == 0 && !std::ferror(stdout)) return code;
+    const int error = errno;
+    if (lead)
+        std::fprintf(stderr, "tpsp: error: cannot write to standard output (%s): the output is lost\n",
+                     std::strerror(error));
+    return code == 0 ? 1 : code;
+}
+
 // Parses the command line into the options bound to `app`; returns -1 to go
 // on, or the exit code: 0 after --help, 2 after one line saying what is wrong.
 int parse(CLI::App& app, int argc, char** argv, bool lead) {
@@ -250,15 +264,15 @@ int run_command(int argc, char** argv, bool lead) {
 
     if (const int code = parse(app, argc, argv, lead); code >= 0) return code;
     const std::string command = app.get_subcommands()[0]->get_name();
-    if (command == "train") return command_train(train_args);
-    if (command == "eval") return evaluate(eval_args.load());
-    if (command == "memory") return command_memory(memory_args);
-    if (command == "bench") return command_bench(bench_args, bench_options);
+    if (command == "train") return command_train(train_args);  // goes on with its stdout closed (§7)
     if (command == "prepare") return command_prepare(prepare_paths, prepare_options);
-    if (command == "sample") return sample_command(checkpoint, sample_options);
-    if (command == "blas-peak") return command_blas_peak(this_process_only);
+    if (command == "eval") return printed(evaluate(eval_args.load()), lead);
+    if (command == "memory") return printed(command_memory(memory_args), lead);
+    if (command == "bench") return printed(command_bench(bench_args, bench_options), lead);
+    if (command == "sample") return printed(sample_command(checkpoint, sample_options), lead);
+    if (command == "blas-peak") return printed(command_blas_peak(this_process_only), lead);
     std::fputs(config_reference().c_str(), stdout);  // config-reference
-    return 0;
+    return printed(0, lead);
 }
 
 // One line for any error a command throws: what the user can fix says what

@@ -1,11 +1,13 @@
 #include "train/metrics.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "common/files.h"
@@ -16,17 +18,44 @@ MetricsFile::~MetricsFile() {
     if (fd_ >= 0) ::close(fd_);
 }
 
-void MetricsFile::open(const std::string& path, Start start) {
+namespace {
+
+// The bytes of the file's leading whole lines that are JSON objects whose
+// "step" is at most `step`: what a run resumed at `step` keeps.
+off_t bytes_up_to_step(const std::string& path, int step) {
+    std::ifstream in(path, std::ios::binary);
+    off_t kept = 0;
+    for (std::string line; std::getline(in, line) && !in.eof();) {  // a last line without '\n' is cut
+        const nlohmann::json record = nlohmann::json::parse(line, nullptr, false);
+        if (!record.is_object() || !record.contains("step") || !record["step"].is_number_integer() ||
+            record["step"].get<int64_t>() > step)
+            break;
+        kept += off_t(line.size() + 1);
+    }
+    return kept;
+}
+
+}  // namespace
+
+void MetricsFile::open(const std::string& path, Start start, int resumed_step) {
     check_writable_file(path, "metrics");
-    std::error_code ec;
-    const uintmax_t earlier = std::filesystem::file_size(path, ec);
-    if (start == Start::new_run && !ec && earlier > 0)
+    path_ = path;
+    // opened without O_TRUNC: nothing is changed before the lock is held and the file checked
+    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0) throw FileError(path + ": cannot open metrics file for writing (" + std::strerror(errno) + ")");
+    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0)
+        throw FileError(path +
+                        ": another tpsp run is writing these metrics (it holds the file's lock): choose "
+                        "another logging.metrics");
+    const off_t earlier = ::lseek(fd_, 0, SEEK_END);
+    if (start == Start::new_run && earlier > 0)
         throw ConfigError("logging.metrics: " + path + " already holds another run's metrics (" +
                           std::to_string(earlier) +
                           " bytes): choose another file, or replace it with checkpoint.overwrite=true");
-    path_ = path;
-    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | (start == Start::resume ? O_APPEND : O_TRUNC), 0644);
-    if (fd_ < 0) throw FileError(path + ": cannot open metrics file for writing (" + std::strerror(errno) + ")");
+    const off_t keep = start == Start::resume ? bytes_up_to_step(path, resumed_step) : 0;
+    if (keep != earlier && ::ftruncate(fd_, keep) != 0)
+        throw FileError(path + ": cannot cut the metrics back to step " + std::to_string(resumed_step) + " (" +
+                        std::strerror(errno) + ")");
 }
 
 void MetricsFile::write(const StepMetrics& m) {

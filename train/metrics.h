@@ -26,11 +26,14 @@ public:
     MetricsFile(const MetricsFile&) = delete;
     MetricsFile& operator=(const MetricsFile&) = delete;
     ~MetricsFile();
-    // Creates the file's directory, then: a resumed run appends; a new run
-    // refuses a file that already holds metrics (another run's: a
-    // ConfigError) unless told to overwrite it. Throws FileError.
+    // Creates the file's directory and locks the file for as long as this
+    // object lives (a second run on it is refused), then: a resumed run cuts
+    // the file back to its lines up to `resumed_step` (the steps after it,
+    // which a killed run wrote but never saved, are trained again) and
+    // appends; a new run refuses a file that already holds metrics (another
+    // run's: a ConfigError) unless told to overwrite it. Throws FileError.
     enum class Start { resume, new_run, overwrite };
-    void open(const std::string& path, Start start);
+    void open(const std::string& path, Start start, int resumed_step);
     bool is_open() const { return fd_ >= 0; }
     // One line, written whole or not at all: a FileError if it did not
     // reach the file (disk full), and the file keeps only whole lines.

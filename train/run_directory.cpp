@@ -48,6 +48,16 @@ bool same_directory(const std::string& a, const std::string& b) {
 
 }  // namespace
 
+bool is_run_file_name(const std::string& name) {
+    return name == "latest" || name == "lock" || step_of_checkpoint_name(name) >= 0;
+}
+
+bool is_run_file(const std::string& dir, const std::string& path) {
+    const fs::path file(path);
+    const fs::path folder = file.has_parent_path() ? file.parent_path() : fs::path(".");
+    return is_run_file_name(file.filename().string()) && same_file(folder.string(), dir);
+}
+
 int latest_step(const std::string& dir) {
     std::ifstream latest(dir + "/latest");
     int step = -1;
@@ -93,16 +103,17 @@ void RunDirectory::claim(const std::string& dir, const std::string& resume, bool
 
 void RunDirectory::prune(int keep_last) const {
     if (keep_last <= 0) return;
+    const int latest = latest_step(dir_);
     std::vector<std::pair<int, fs::path>> files = checkpoint_files(dir_);
     std::vector<int> steps;
-    for (const auto& [step, unused] : files) steps.push_back(step);
+    for (const auto& [step, unused] : files)
+        if (step <= latest) steps.push_back(step);
     std::sort(steps.begin(), steps.end());
     steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
     if (int(steps.size()) <= keep_last) return;
     const int oldest_kept = steps[steps.size() - size_t(keep_last)];
-    const int latest = latest_step(dir_);
     for (const auto& [step, path] : files)
-        if (step < oldest_kept && step != latest) fs::remove(path);
+        if (step < oldest_kept) fs::remove(path);
 }
 
 }  // namespace tpsp

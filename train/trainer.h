@@ -38,9 +38,10 @@ public:
 
 private:
     using Comm = typename Backend::Comm;
-    void build();          // set_up's work on this rank
-    void restore();        // checkpoint.resume, checkpoint.init, or random weights
-    void claim_outputs();  // rank 0: the checkpoint directory, metrics and trace, proven writable
+    void build();                    // set_up's work on this rank
+    void restore();                  // checkpoint.resume, checkpoint.init, or random weights
+    void claim_outputs();            // rank 0: the checkpoint directory, metrics and trace, proven writable
+    void check_files_apart() const;  // rank 0: no output is an input, another output or a run directory's file
     void print_header() const;
     StepMetrics train_step(int step);  // one optimizer step: micro-batches, reductions, clip, AdamW
     int stop_diverged(const StepMetrics& m);

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <string>
 
+#include "common/files.h"
 #include "data/gpt2_tokenizer.h"
 #include "train/stop_signals.h"
 #include "train/trainer.h"
@@ -163,15 +164,52 @@ void Trainer<Backend>::restore() {
 // mistake here costs nothing, after a week of training it would cost the week.
 template <class Backend>
 void Trainer<Backend>::claim_outputs() {
+    check_files_apart();
     if (!cfg_.logging.metrics.empty()) check_writable_file(cfg_.logging.metrics, "metrics");
     if (!cfg_.logging.trace.empty()) check_writable_file(cfg_.logging.trace, "trace");
     if (!cfg_.checkpoint.dir.empty())
         run_dir_.claim(cfg_.checkpoint.dir, cfg_.checkpoint.resume, cfg_.checkpoint.overwrite);
     using Start = MetricsFile::Start;
     if (!cfg_.logging.metrics.empty())
-        metrics_.open(cfg_.logging.metrics, start_step_ > 0             ? Start::resume
-                                            : cfg_.checkpoint.overwrite ? Start::overwrite
-                                                                        : Start::new_run);
+        metrics_.open(cfg_.logging.metrics,
+                      start_step_ > 0             ? Start::resume
+                      : cfg_.checkpoint.overwrite ? Start::overwrite
+                                                  : Start::new_run,
+                      start_step_);
+}
+
+// What the run reads and what it writes, compared before anything is
+// written (docs/design.md §7): no output may be an input or another output,
+// and no input or other output may be a file that the checkpoint directory
+// manages (latest, lock, model_N.bin, state_N.bin), which saves replace and
+// checkpoint.overwrite and checkpoint.keep_last remove.
+template <class Backend>
+void Trainer<Backend>::check_files_apart() const {
+    const Config::Checkpoint& ck = cfg_.checkpoint;
+    std::vector<NamedFile> inputs, outputs;
+    if (!cfg_.file.empty()) inputs.push_back({cfg_.file, "the config"});
+    for (const std::string& shard : expand_shard_glob(cfg_.data.train)) inputs.push_back({shard, "data.train"});
+    if (val_loader_)
+        for (const std::string& shard : expand_shard_glob(cfg_.data.val)) inputs.push_back({shard, "data.val"});
+    if (!ck.init.empty()) inputs.push_back({ck.init, "checkpoint.init"});
+    if (sampler_ && !cfg_.data.tokenizer.empty()) inputs.push_back({cfg_.data.tokenizer, "data.tokenizer"});
+    if (start_step_ > 0)
+        for (const std::string& file : {ck.resume + "/latest", step_file(ck.resume, "model", start_step_),
+                                        step_file(ck.resume, "state", start_step_)})
+            inputs.push_back({file, "checkpoint.resume"});
+    if (!cfg_.logging.metrics.empty()) outputs.push_back({cfg_.logging.metrics, "logging.metrics"});
+    if (!cfg_.logging.trace.empty()) outputs.push_back({cfg_.logging.trace, "logging.trace"});
+    check_outputs_apart(inputs, outputs);
+    if (ck.dir.empty()) return;
+    for (const NamedFile& out : outputs)
+        if (is_run_file(ck.dir, out.path))
+            throw ConfigError(out.named_by + ": " + out.path + " is one of the files the run in checkpoint.dir (" +
+                              ck.dir + ") writes: choose another name");
+    const bool resumes_here = start_step_ > 0 && same_file(ck.resume, ck.dir);
+    for (const NamedFile& in : inputs)
+        if (is_run_file(ck.dir, in.path) && !(resumes_here && in.named_by == "checkpoint.resume"))
+            throw ConfigError(in.named_by + ": " + in.path + " lies among the files that the run in checkpoint.dir (" +
+                              ck.dir + ") writes and removes: move it out, or choose another checkpoint.dir");
 }
 
 template <class Backend>
