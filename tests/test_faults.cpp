@@ -218,6 +218,38 @@ TEST(Faults, AnUnwritableCheckpointDirectoryUnderMpirunIsOneLineAndEveryRankExit
     expect_one_line(r, "tpsp: rank 0: error: " + (file / "sub").string() + ": cannot create the checkpoint directory");
 }
 
+// Set-up is collective: every rank parses its own command line and config, and
+// the ranks compare outcomes and resolved configs before any goes on. Rank 1
+// here runs its own words (a wrapper script): a config missing on its node,
+// a per-node typo, another learning rate, another command.
+TEST(Faults, AMistakeOnOneRankEndsTheJobWithinSecondsWithOneLineNamingIt) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not installed, or tpsp built without MPI";
+    fs::path dir = scratch_dir();
+    const std::string train = tiny_train(dir, fast + "train.steps=3 parallel.tp=2 checkpoint.dir=");
+    const std::vector<std::pair<std::string, std::string>> cases = {
+        {tpsp_binary + " train " + (dir / "missing.yaml").string(),
+         "tpsp: rank 1: config error: " + (dir / "missing.yaml").string() + ": cannot open config"},
+        {train + " train.bogus=1", "tpsp: rank 1: config error: override train.bogus: unknown key train.bogus"},
+        {train + " train.lr=0.0123", "tpsp: rank 1: its command or config differs from rank 0's: train.lr=0.0123"},
+        {tpsp_binary + " memory " + tiny, "tpsp: rank 1: its command or config differs from rank 0's: command=memory"},
+    };
+    for (const auto& [rank_one_runs, says] : cases) {
+        SCOPED_TRACE(rank_one_runs);
+        const fs::path wrapper = write_file(
+            dir / "per_rank.sh", "#!/bin/sh\nif [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then exec " + rank_one_runs +
+                                     "; else exec " + train + "; fi\n");
+        fs::permissions(wrapper, fs::perms::owner_all);
+        const auto start = std::chrono::steady_clock::now();
+        Outcome r = run(mpi_env + bounded + "mpirun --oversubscribe -np 2 " + wrapper.string(), dir);
+        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        EXPECT_NE(r.exit_code, 0);
+        expect_ended_in_time(r);
+        EXPECT_LT(seconds, 30.0) << "the job waited for its mistaken rank";
+        expect_one_line(r, says);
+        EXPECT_EQ(r.out.find("step "), std::string::npos) << "it trained: " << r.out;
+    }
+}
+
 // ----------------------------------------------------------------------------
 // non-finite numbers: never applied, never saved, never loaded
 

@@ -400,6 +400,12 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
     return c;
 }
 
+std::string resolved_config_text(const Config& config) {
+    std::string text;
+    for (const Key& k : keys()) text += k.name + "=" + k.show(config) + "\n";
+    return text;
+}
+
 std::string config_reference() {
     Config defaults;
     std::string out = "| key | type | default | meaning |\n|---|---|---|---|\n";

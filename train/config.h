@@ -88,6 +88,10 @@ struct Config {
 // Reads PATH (may be empty for defaults only) and applies the overrides.
 Config load_config(const std::string& path, const std::vector<std::string>& overrides);
 
+// Every key with the value it resolved to, one "key=value" a line: what the
+// ranks of a job compare before they start (train/start_agreement.h).
+std::string resolved_config_text(const Config& config);
+
 // The key reference, as the README prints it.
 std::string config_reference();
 

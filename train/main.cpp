@@ -34,6 +34,7 @@
 #include "train/benchmark.h"
 #include "train/config.h"
 #include "train/sample.h"
+#include "train/start_agreement.h"
 #include "train/stop_signals.h"
 #include "train/trainer.h"
 
@@ -116,8 +117,7 @@ Device resolve_device(const Config& cfg, bool needs_gpu) {
     return Device::cuda;
 }
 
-int command_train(const ConfigArgs& args) {
-    const Config cfg = args.load();
+int command_train(const Config& cfg) {
     [[maybe_unused]] const bool on_gpu = resolve_device(cfg, true) == Device::cuda;  // only in a CUDA build
 #ifdef TPSP_WITH_CUDA
     if (on_gpu) return train_on<CudaBackend>(cfg);
@@ -125,22 +125,20 @@ int command_train(const ConfigArgs& args) {
     return train_on<CpuBackend>(cfg);
 }
 
-int command_memory(const ConfigArgs& args) {
-    const Config cfg = args.load();
+int command_memory(const Config& cfg) {
     const TensorParallelism tp{cfg.parallel.tp, 0, cfg.parallel.sequence_parallel, cfg.overlap()};
     const MemoryReport report = memory_report(cfg.gpt(), cfg.run_shape(), tp, resolve_device(cfg, false));
     std::fputs(report.text.c_str(), stdout);
     return report.equal() ? 0 : 1;
 }
 
-int command_bench(const ConfigArgs& args, const BenchOptions& options) {
-    const Config cfg = args.load();
+int command_bench(const Config& cfg, const std::string& path, const BenchOptions& options) {
     if (cfg.train.threads > 0) omp_set_num_threads(cfg.train.threads);
     const bool on_gpu = resolve_device(cfg, true) == Device::cuda;  // only in a CUDA build
 #ifdef TPSP_WITH_CUDA
-    if (on_gpu) run_benchmark<CudaBackend>(cfg.gpt(), cfg.run_shape(), options, args.path.c_str());
+    if (on_gpu) run_benchmark<CudaBackend>(cfg.gpt(), cfg.run_shape(), options, path.c_str());
 #endif
-    if (!on_gpu) run_benchmark<CpuBackend>(cfg.gpt(), cfg.run_shape(), options, args.path.c_str());
+    if (!on_gpu) run_benchmark<CpuBackend>(cfg.gpt(), cfg.run_shape(), options, path.c_str());
     return 0;
 }
 
@@ -211,11 +209,11 @@ int printed(int code, bool lead) {
 }
 
 // Parses the command line into the options bound to `app`; returns -1 to go
-// on, or the exit code: 0 after --help, 2 after one line saying what is wrong.
-int parse(CLI::App& app, int argc, char** argv, bool lead) {
+// on, or the exit code: 0 after --help, 2 with `error` saying what is wrong.
+int parse(CLI::App& app, int argc, char** argv, bool lead, std::string& error) {
     const auto named = [&](const CLI::App* command) { return command->get_name() == argv[1]; };
     if (argc > 1 && argv[1][0] != '-' && app.get_subcommands(named).empty()) {
-        if (lead) std::fprintf(stderr, "tpsp: unknown command '%s' (tpsp --help lists the commands)\n", argv[1]);
+        error = std::string("unknown command '") + argv[1] + "' (tpsp --help lists the commands)";
         return 2;
     }
     try {
@@ -225,18 +223,53 @@ int parse(CLI::App& app, int argc, char** argv, bool lead) {
         if (lead) std::fputs(app.help().c_str(), stdout);
         return 0;
     } catch (const CLI::ParseError& e) {
-        if (lead) {
-            const std::string command = app.get_subcommands().empty() ? "" : " " + app.get_subcommands()[0]->get_name();
-            std::fprintf(stderr, "tpsp%s: %s (tpsp%s --help lists the options)\n", command.c_str(), e.what(),
-                         command.c_str());
-        }
+        const std::string command = app.get_subcommands().empty() ? "" : " " + app.get_subcommands()[0]->get_name();
+        error = "the command line: " + std::string(e.what()) + " (tpsp" + command + " --help lists the options)";
         return 2;
     }
 }
 
-// The command line, parsed; runs the command it names. Errors that reach
-// here are the same on every rank (the command line, the config): rank 0
-// says them, every rank exits non-zero.
+// The one line of the error being handled: what the user can fix says what
+// to fix; anything else is still one line, not an abort.
+std::string error_line() {
+    try {
+        throw;
+    } catch (const ConfigError& e) {
+        return std::string("config error: ") + e.what();
+    } catch (const FileError& e) {
+        return std::string("error: ") + e.what();
+    } catch (const TokenizerError& e) {
+        return std::string("error: ") + e.what();
+    } catch (const std::bad_alloc&) {
+        return "error: out of memory (reduce train.batch_size or the model)";
+    } catch (const std::runtime_error& e) {  // CUDA, cuBLAS, cuDNN, NCCL
+        return std::string("error: ") + e.what();
+    } catch (const std::exception& e) {  // a check inside tpsp failed
+        return std::string("internal error: ") + e.what();
+    }
+}
+
+// What this rank is about to run, for the ranks to compare: the command and
+// its resolved config, or its words for a command without one.
+StartOutcome resolve(int argc, char** argv, const std::string& command, const ConfigArgs* args, Config& cfg) {
+    StartOutcome start;
+    start.resolved = "command=" + command + "\n";
+    try {
+        if (args) {
+            cfg = args->load();
+            start.resolved += resolved_config_text(cfg);
+        } else {
+            for (int i = 2; i < argc; i++) start.resolved += std::string(argv[i]) + "\n";
+        }
+    } catch (...) {
+        start.exit_code = 1;
+        start.error = error_line();
+    }
+    return start;
+}
+
+// The command line, parsed and compared across the ranks (train/start_agreement.h);
+// runs the command it names.
 int run_command(int argc, char** argv, bool lead) {
     CLI::App app{"tpsp: a GPT-2 trainer with tensor and sequence parallelism, every pass written by hand", "tpsp"};
     app.require_subcommand(1);
@@ -262,39 +295,40 @@ int run_command(int argc, char** argv, bool lead) {
     app.add_subcommand("blas-peak", "sgemm GFLOP/s of every kernel set this CPU supports; holds the best")
         ->add_flag("--this-process", this_process_only, "only the kernels this process runs (a bare number)");
 
-    if (const int code = parse(app, argc, argv, lead); code >= 0) return code;
-    const std::string command = app.get_subcommands()[0]->get_name();
-    if (command == "train") return command_train(train_args);  // goes on with its stdout closed (§7)
+    StartOutcome start;
+    start.exit_code = parse(app, argc, argv, lead, start.error);
+    start.resolved = "stopped by the command line\n";
+    const std::string command = start.exit_code < 0 ? app.get_subcommands()[0]->get_name() : "";
+    Config cfg;
+    if (start.exit_code < 0) {
+        const ConfigArgs* args = command == "train"    ? &train_args
+                                 : command == "eval"   ? &eval_args
+                                 : command == "memory" ? &memory_args
+                                 : command == "bench"  ? &bench_args
+                                                       : nullptr;
+        start = resolve(argc, argv, command, args, cfg);
+    }
+    if (const int code = agree_on_start(start); code >= 0) return code;
+    if (command == "train") return command_train(cfg);  // goes on with its stdout closed (§7)
     if (command == "prepare") return command_prepare(prepare_paths, prepare_options);
-    if (command == "eval") return printed(evaluate(eval_args.load()), lead);
-    if (command == "memory") return printed(command_memory(memory_args), lead);
-    if (command == "bench") return printed(command_bench(bench_args, bench_options), lead);
+    if (command == "eval") return printed(evaluate(cfg), lead);
+    if (command == "memory") return printed(command_memory(cfg), lead);
+    if (command == "bench") return printed(command_bench(cfg, bench_args.path, bench_options), lead);
     if (command == "sample") return printed(sample_command(checkpoint, sample_options), lead);
     if (command == "blas-peak") return printed(command_blas_peak(this_process_only), lead);
     std::fputs(config_reference().c_str(), stdout);  // config-reference
     return printed(0, lead);
 }
 
-// One line for any error a command throws: what the user can fix says what
-// to fix; anything else is still one line, not an abort.
+// Any error a command throws after the start is agreed: one line from rank 0.
 int report_errors(int argc, char** argv) {
     int rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     const bool lead = rank == 0;
     try {
         return run_command(argc, argv, lead);
-    } catch (const ConfigError& e) {
-        if (lead) std::fprintf(stderr, "tpsp: config error: %s\n", e.what());
-    } catch (const FileError& e) {
-        if (lead) std::fprintf(stderr, "tpsp: error: %s\n", e.what());
-    } catch (const TokenizerError& e) {
-        if (lead) std::fprintf(stderr, "tpsp: error: %s\n", e.what());
-    } catch (const std::bad_alloc&) {
-        if (lead) std::fprintf(stderr, "tpsp: error: out of memory (reduce train.batch_size or the model)\n");
-    } catch (const std::runtime_error& e) {  // CUDA, cuBLAS, cuDNN, NCCL
-        if (lead) std::fprintf(stderr, "tpsp: error: %s\n", e.what());
-    } catch (const std::exception& e) {  // a check inside tpsp failed: still one line, not an abort
-        if (lead) std::fprintf(stderr, "tpsp: internal error: %s\n", e.what());
+    } catch (...) {
+        if (lead) std::fprintf(stderr, "tpsp: %s\n", error_line().c_str());
     }
     return 1;
 }
