@@ -313,7 +313,7 @@ TEST(Faults, ANonFiniteNumberInALoadedFileIsOneLineNamingTheFileAndTensor) {
     // AdamW's moments, on resume
     const fs::path run_copy = dir / "copy";
     fs::copy(source / "ckpt", run_copy);
-    poison(run_copy / "state_00000001.bin", 32, 5, NAN);
+    poison(run_copy / "state_00000001.bin", 64, 5, NAN);
     reseal_state(run_copy / "state_00000001.bin");
     r = run(bounded + tiny_train(dir, fast + "train.steps=2 checkpoint.dir=" + run_copy.string() +
                                           " checkpoint.resume=" + run_copy.string()),
@@ -586,6 +586,30 @@ TEST(Faults, AResumedRunCutsTheMetricsBackToTheStepItResumesAndNeedsACheckpointD
     expect_one_line(nowhere, "checkpoint.dir: checkpoint.resume continues a run, but with no checkpoint.dir");
 }
 
+TEST(Faults, AResumeWithAnotherBatchShapeIsRefusedInsteadOfReindexingTheData) {
+    fs::path dir = scratch_dir(), ck = dir / "ckpt";
+    ASSERT_EQ(run(tiny_train(dir, fast + "train.steps=2"), dir).exit_code, 0);
+    const auto before = contents(ck);
+    const std::string metrics = read_text(dir / "metrics.jsonl");
+    const std::string resume = " train.steps=4 checkpoint.resume=" + ck.string();
+    const std::vector<std::pair<std::string, std::string>> refused = {
+        {"train.batch_size=8", "train.batch_size: 8, but the run in " + ck.string() + " was saved at 4"},
+        // the same model (wpe's 64 rows), shorter sequences
+        {"model.max_seq_len=64 train.seq_len=32",
+         "train.seq_len: 32, but the run in " + ck.string() + " was saved at 64"},
+    };
+    for (const auto& [setting, says] : refused) {
+        SCOPED_TRACE(setting);
+        Outcome r = run(bounded + tiny_train(dir, fast + setting + resume), dir);
+        EXPECT_EQ(r.exit_code, 1);
+        expect_one_line(r, says);
+        EXPECT_EQ(contents(ck), before) << "a refused resume changed the run directory";
+        EXPECT_EQ(read_text(dir / "metrics.jsonl"), metrics);
+    }
+    Outcome accum = run(bounded + tiny_train(dir, fast + "train.grad_accum=2" + resume), dir);
+    EXPECT_EQ(accum.exit_code, 0) << "train.grad_accum does not re-index the data: " << accum.err;
+}
+
 TEST(Faults, TwoRunsOnOneMetricsFileAreRefusedByItsLock) {
     fs::path dir = scratch_dir(), second = dir / "second";
     fs::create_directories(second);
@@ -728,7 +752,7 @@ TEST(Faults, AFlippedBitInAStateFileIsRefusedByResumeAndAnEarlierFormatIsOneClea
     ASSERT_EQ(run(tiny_train(source, fast + "train.steps=1"), source).exit_code, 0);
     const std::string damaged = "state_00000001.bin: damaged: its CRC-32C is ";
     const std::vector<std::pair<std::function<void(const fs::path&)>, std::string>> cases = {
-        {[](const fs::path& state) { flip_bit(state, 32 + 4 * 5); }, damaged},  // AdamW's m
+        {[](const fs::path& state) { flip_bit(state, 64 + 4 * 5); }, damaged},  // AdamW's m
         {[](const fs::path& state) { flip_bit(state, 16); }, damaged},          // the loader's position: 1 -> 0
         {[](const fs::path& state) {  // the layout before the checksum: no last 4 bytes, another magic
              const int64_t magic_without_checksum = 0x7470737073746174;
@@ -739,6 +763,16 @@ TEST(Faults, AFlippedBitInAStateFileIsRefusedByResumeAndAnEarlierFormatIsOneClea
          },
          "state_00000001.bin: optimizer state of an earlier tpsp, which recorded no checksum: this one cannot "
          "resume it; start from its weights with checkpoint.init="},
+        {[](const fs::path& state) {  // the layout before the data's shape: a 32-byte header
+             const int64_t magic_without_data_shape = 0x7470737073746132;
+             std::string bytes = read_text(state);
+             bytes.erase(32, 32);
+             std::memcpy(bytes.data(), &magic_without_data_shape, 8);
+             std::ofstream(state, std::ios::binary | std::ios::trunc) << bytes;
+             reseal_state(state);
+         },
+         "state_00000001.bin: optimizer state of an earlier tpsp, which recorded no shape of its data: this one "
+         "cannot resume it; start from its weights with checkpoint.init="},
     };
     for (size_t i = 0; i < cases.size(); i++) {
         SCOPED_TRACE(cases[i].second);

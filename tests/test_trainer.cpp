@@ -179,8 +179,8 @@ TEST(Trainer, ASaveOfANonFiniteWeightOrMomentWritesNoFileAndLeavesLatest) {
     model.init_random(1);
     tpsp::AdamWOptimizer<tpsp::CpuBackend> optimizer(model, {});
     tpsp::ShardGatherer<tpsp::CpuBackend> gatherer(model, grid);
-    tpsp::save_run(dir.string(), model, optimizer, grid, gatherer, 1, 0);  // a good step 1
-    auto every_file = [&] {                                                // name -> CRC-32C of its bytes
+    tpsp::save_run(dir.string(), model, optimizer, grid, gatherer, 1, {});  // a good step 1
+    auto every_file = [&] {                                                 // name -> CRC-32C of its bytes
         std::map<std::string, uint32_t> files;
         for (const fs::directory_entry& entry : fs::directory_iterator(dir)) {
             const std::string bytes = read_text(entry.path());
@@ -193,7 +193,7 @@ TEST(Trainer, ASaveOfANonFiniteWeightOrMomentWritesNoFileAndLeavesLatest) {
 
     auto expect_refused = [&](const std::string& says) {
         try {
-            tpsp::save_run(dir.string(), model, optimizer, grid, gatherer, 2, 0);
+            tpsp::save_run(dir.string(), model, optimizer, grid, gatherer, 2, {});
             ADD_FAILURE() << "step 2 was saved";
         } catch (const tpsp::FileError& e) {
             EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();

@@ -1,6 +1,6 @@
 // A training run on disk: per saved step, llm.c's model file (model_N.bin,
 // the whole model, readable by llm.c) beside tpsp's state file (state_N.bin:
-// the step, the data loader's position and AdamW's moments), and `latest`
+// the step, the data loader's position and its batch shape, AdamW's moments), and `latest`
 // naming the last complete pair. Both files record their CRC-32C, checked
 // on every read (common/checksum.h), and hold the whole model in llm.c's
 // order, independent of t: a run saved at one TP size resumes at any other.
@@ -25,14 +25,27 @@
 namespace tpsp {
 
 // state_N.bin, n = the whole model's parameter count:
-//   int64 magic, step, loader position, n      32 bytes
-//   AdamW's m [n] fp32, then v [n] fp32       8n bytes, llm.c's order
-//   uint32 CRC-32C of all the bytes above      4 bytes
-constexpr int64_t state_magic = 0x7470737073746132;  // "tpspsta2"
-// The state file of tpsp before the checksum: the same without its last 4 bytes.
-constexpr int64_t state_magic_without_checksum = 0x7470737073746174;  // "tpspstat"
+//   int64 magic, step, loader position, n,                 64 bytes
+//         train.batch_size, train.seq_len, dp, 0
+//   AdamW's m [n] fp32, then v [n] fp32                   8n bytes, llm.c's order
+//   uint32 CRC-32C of all the bytes above                  4 bytes
+constexpr int64_t state_magic = 0x7470737073746133;  // "tpspsta3"
+constexpr uintmax_t state_header_bytes = 64;
+// Earlier state files of tpsp, which a resume refuses with one line: without
+// the data's shape (a 32-byte header), and before that without the checksum.
+constexpr int64_t state_magic_without_data_shape = 0x7470737073746132;  // "tpspsta2"
+constexpr int64_t state_magic_without_checksum = 0x7470737073746174;    // "tpspstat"
 
-inline uintmax_t state_file_bytes(int64_t n) { return 32 + uintmax_t(n) * 8 + 4; }
+inline uintmax_t state_file_bytes(int64_t n) { return state_header_bytes + uintmax_t(n) * 8 + 4; }
+
+// Where the data loader stands, and the shape that gives its position a
+// meaning: batch k of DP rank r starts at token (k·dp + r)·b·s of its shard
+// (data/token_shards.h), so a resume with another b, s or dp would skip or
+// repeat tokens.
+struct DataPosition {
+    int64_t batches_read = 0;
+    int64_t batch_size = 0, seq_len = 0, dp = 0;
+};
 
 inline std::string step_file(const std::string& dir, const char* stem, int step) {
     char name[64];
@@ -76,7 +89,7 @@ private:
 // that no rank of the group is left waiting in one.
 template <class Backend>
 void save_run(const std::string& dir, GPTModel<Backend>& model, const AdamWOptimizer<Backend>& opt, ProcessGrid& grid,
-              ShardGatherer<Backend>& gatherer, int step, int64_t loader_position) {
+              ShardGatherer<Backend>& gatherer, int step, const DataPosition& data) {
     if (grid.dp_rank != 0) return;  // every DP replica holds the same model
     const int64_t n = full_parameter_count(model.config);
     std::string error;
@@ -100,7 +113,7 @@ void save_run(const std::string& dir, GPTModel<Backend>& model, const AdamWOptim
     Crc32c state_crc;
     on_writer([&] {
         state = std::make_unique<AtomicFile>(state_path);
-        const int64_t head[4] = {state_magic, step, loader_position, n};
+        const int64_t head[8] = {state_magic, step, data.batches_read, n, data.batch_size, data.seq_len, data.dp, 0};
         state->write(head, sizeof head);
         state_crc.update(head, sizeof head);
     });
@@ -134,7 +147,7 @@ void load_weights(GPTModel<Backend>& model, const std::string& path) {
 
 struct ResumedRun {
     int step;
-    int64_t loader_position;
+    DataPosition data;
 };
 
 // The run saved in dir, at its `latest` step, into the model and optimizer (this rank's shards).
@@ -146,10 +159,13 @@ ResumedRun load_run(const std::string& dir, GPTModel<Backend>& model, AdamWOptim
     const std::string path = step_file(dir, "state", step);
     const int64_t n = full_parameter_count(model.config);
     std::ifstream in(path, std::ios::binary);
-    int64_t head[4] = {};
-    if (in.read(reinterpret_cast<char*>(head), 32) && head[0] == state_magic_without_checksum)
-        throw FileError(path + ": optimizer state of an earlier tpsp, which recorded no checksum: this one cannot " +
-                        "resume it; start from its weights with checkpoint.init=" + step_file(dir, "model", step));
+    int64_t head[8] = {};
+    if (in.read(reinterpret_cast<char*>(head), 8) &&
+        (head[0] == state_magic_without_checksum || head[0] == state_magic_without_data_shape))
+        throw FileError(path + ": optimizer state of an earlier tpsp, which recorded no " +
+                        (head[0] == state_magic_without_checksum ? "checksum" : "shape of its data") +
+                        ": this one cannot resume it; start from its weights with checkpoint.init=" +
+                        step_file(dir, "model", step));
     std::error_code ec;
     const uintmax_t size = std::filesystem::file_size(path, ec), expected = state_file_bytes(n);
     if (ec || size != expected)
@@ -160,9 +176,10 @@ ResumedRun load_run(const std::string& dir, GPTModel<Backend>& model, AdamWOptim
     in.read(reinterpret_cast<char*>(&recorded), 4);
     check_crc32c(path, crc32c_of_file(path, expected - 4), recorded,
                  "its last 4 bytes");  // before anything is believed
+    in.seekg(0);
+    in.read(reinterpret_cast<char*>(head), sizeof head);
     if (head[0] != state_magic || head[1] != step || head[3] != n)
         throw FileError(path + ": not the optimizer state of step " + std::to_string(step) + " of this model");
-    in.seekg(32);
     std::vector<float> full(static_cast<size_t>(n)), shard(static_cast<size_t>(model.num_parameters));
     for (const auto& [moment, name] : {std::pair{opt.m, "AdamW's m"}, std::pair{opt.v, "AdamW's v"}}) {
         in.read(reinterpret_cast<char*>(full.data()), n * 4);
@@ -172,7 +189,7 @@ ResumedRun load_run(const std::string& dir, GPTModel<Backend>& model, AdamWOptim
                               ShardDirection::full_to_shard);
         Backend::upload(moment, shard.data(), shard.size() * sizeof(float));
     }
-    return {step, head[2]};
+    return {step, {head[2], head[4], head[5], head[6]}};
 }
 
 }  // namespace tpsp

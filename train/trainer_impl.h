@@ -150,13 +150,38 @@ void Trainer<Backend>::restore() {
                               std::to_string(saved) + ", where " + cfg_.checkpoint.resume +
                               " was saved: nothing to train (raise train.steps)");
         const ResumedRun resumed = load_run(cfg_.checkpoint.resume, *model_, *optimizer_);
+        check_same_data_shape(resumed.data);
         start_step_ = resumed.step;
-        train_loader_->seek(resumed.loader_position);
+        train_loader_->seek(resumed.data.batches_read);
     } else if (!cfg_.checkpoint.init.empty()) {
         load_weights(*model_, cfg_.checkpoint.init);
     } else {
         model_->init_random(cfg_.train.seed);
     }
+}
+
+template <class Backend>
+DataPosition Trainer<Backend>::data_position() const {
+    return {train_loader_->position(), shape_.batch, shape_.seq_len, grid_.dp};
+}
+
+// A resumed run reads on from the token where the saved run stopped only if
+// its batches have the saved shape: another b, s or dp gives the saved
+// position another meaning (tokens skipped or trained twice), so it is refused.
+template <class Backend>
+void Trainer<Backend>::check_same_data_shape(const DataPosition& saved) const {
+    const DataPosition now = data_position();
+    const std::pair<const char*, std::pair<int64_t, int64_t>> keys[] = {
+        {"train.batch_size", {saved.batch_size, now.batch_size}},
+        {"train.seq_len", {saved.seq_len, now.seq_len}},
+        {"the data-parallel size (ranks / parallel.tp)", {saved.dp, now.dp}},
+    };
+    for (const auto& [key, values] : keys)
+        if (values.first != values.second)
+            throw ConfigError(std::string(key) + ": " + std::to_string(values.second) + ", but the run in " +
+                              cfg_.checkpoint.resume + " was saved at " + std::to_string(values.first) +
+                              ": its data position would then skip or repeat tokens; resume with " +
+                              std::to_string(values.first) + " (train.grad_accum may change)");
 }
 
 // Every file the run will write is proven writable before step 1, and the
@@ -390,7 +415,7 @@ void Trainer<Backend>::sample(int done) {
 
 template <class Backend>
 void Trainer<Backend>::save(int done) {
-    save_run(cfg_.checkpoint.dir, *model_, *optimizer_, grid_, *gatherer_, done, train_loader_->position());
+    save_run(cfg_.checkpoint.dir, *model_, *optimizer_, grid_, *gatherer_, done, data_position());
     if (grid_.world_rank != 0) return;
     run_dir_.prune(cfg_.checkpoint.keep_last);
     std::printf("saved %s\n", step_file(cfg_.checkpoint.dir, "model", done).c_str());
