@@ -1,6 +1,6 @@
 // A run directory as resume reads it: `latest` (the input up to its first
 // newline, that newline included) and the optimizer state of step 1 (the rest),
-// beside a good model file of a small model. A rest of exactly 32 + 8n bytes
+// beside a good model file of a small model. A rest of exactly 64 + 8n bytes
 // (a state without its last 4) is given its CRC-32C here, so that what
 // resume checks after the checksum is fuzzed too.
 #include <string>
