@@ -101,6 +101,10 @@ void TokenLoader::load_shard(size_t index) {
     current_shard_ = index;
 }
 
+void TokenLoader::check_every_shard() {
+    for (size_t i = 0; i < paths_.size(); i++) load_shard(i);
+}
+
 void TokenLoader::reset() { batches_read_ = 0; }
 void TokenLoader::seek(int64_t batches_read) {
     if (batches_read < 0)

@@ -37,6 +37,11 @@ public:
     int64_t position() const { return batches_read_; }
     void seek(int64_t batches_read);  // a position below 0 (a damaged file) is an error
     size_t num_shards() const { return shards_.size(); }
+    // Loads and checks every shard now (its CRC, every token below the
+    // vocabulary) rather than when a batch first needs it: for the
+    // validation set, which is small, so that a bad shard is found before
+    // step 1 and not at the first validation.
+    void check_every_shard();
     int64_t batches_per_epoch() const;
 
 private:

@@ -610,6 +610,49 @@ TEST(Faults, AResumeWithAnotherBatchShapeIsRefusedInsteadOfReindexingTheData) {
     EXPECT_EQ(accum.exit_code, 0) << "train.grad_accum does not re-index the data: " << accum.err;
 }
 
+// An llm.c token shard of `tokens` without a checksum (read unverified, as llm.c's own).
+fs::path write_shard(const fs::path& path, const std::vector<uint16_t>& tokens) {
+    std::vector<int32_t> header(256, 0);
+    header[0] = 20240520, header[1] = 1, header[2] = int32_t(tokens.size());
+    std::ofstream out(path, std::ios::binary);
+    out.write(reinterpret_cast<const char*>(header.data()), 1024);
+    out.write(reinterpret_cast<const char*>(tokens.data()), std::streamsize(tokens.size() * 2));
+    return path;
+}
+
+TEST(Faults, BadDataFoundLateCostsNoTraining) {
+    fs::path dir = scratch_dir(), data = dir / "data", ck = dir / "ckpt";
+    fs::create_directories(data);
+    std::vector<uint16_t> good(4 * 64 * 3 + 1);  // three batches of b = 4, s = 64
+    for (size_t i = 0; i < good.size(); i++) good[i] = uint16_t('a' + i % 26);
+    std::vector<uint16_t> bad = good;
+    bad[100] = 300;  // not below model.vocab_size = 256
+    write_shard(data / "train_000000.bin", good);
+    write_shard(data / "train_000001.bin", bad);
+    write_shard(data / "val_000000.bin", good);
+    write_shard(data / "bad_val_000000.bin", bad);
+    const std::string shards = " data.train=" + (data / "train_*.bin").string();
+
+    // a bad validation shard: found before step 1, not at the first validation
+    Outcome val = run(bounded + tiny_train(dir, fast + "train.steps=5 train.val_every=1000" + shards +
+                                                    " data.val=" + (data / "bad_val_*.bin").string()),
+                      dir);
+    EXPECT_EQ(val.exit_code, 1);
+    expect_one_line(val, "bad_val_000000.bin: token 300 at offset 100 is not below model.vocab_size = 256");
+    EXPECT_EQ(val.out.find("step "), std::string::npos) << "it trained: " << val.out;
+
+    // a bad training shard met at step 4: steps 1-3 are saved first
+    Outcome train = run(bounded + tiny_train(dir, fast + "train.steps=10 data.val=" + shards), dir);
+    EXPECT_EQ(train.exit_code, 1);
+    expect_ended_in_time(train);
+    expect_one_line(train,
+                    "train_000001.bin: token 300 at offset 100 is not below model.vocab_size = 256; step 3 "
+                    "is saved: continue with checkpoint.resume=" +
+                        ck.string());
+    EXPECT_EQ(read_text(ck / "latest"), "3\n");
+    EXPECT_EQ(field(dir / "metrics.jsonl", "step"), (std::vector<std::string>{"1", "2", "3"}));
+}
+
 TEST(Faults, TwoRunsOnOneMetricsFileAreRefusedByItsLock) {
     fs::path dir = scratch_dir(), second = dir / "second";
     fs::create_directories(second);

@@ -45,6 +45,7 @@ private:
     void claim_outputs();            // rank 0: the checkpoint directory, metrics and trace, proven writable
     void check_files_apart() const;  // rank 0: no output is an input, another output or a run directory's file
     void print_header() const;
+    int read_step_batches(int step);   // -1, or the exit code after a bad shard (the last step saved first)
     StepMetrics train_step(int step);  // one optimizer step: micro-batches, reductions, clip, AdamW
     int stop_diverged(const StepMetrics& m);
     int stop_on_signal(int done);
@@ -77,7 +78,7 @@ private:
     int tokens_per_step_ = 0;
     double flops_per_step_ = 0.0;  // model FLOPs of this rank's share of a step
     double peak_flops_ = 0.0;
-    std::vector<int> inputs_, targets_;  // one micro-batch [b, s], on the host
+    std::vector<int> inputs_, targets_;  // one step's micro-batches [accum, b, s], on the host
 };
 
 // Trains as the config says on one backend (CpuBackend, or CudaBackend in a

@@ -41,8 +41,12 @@ float validation_loss(GPTModel<Backend>& model, TokenLoader& loader, ProcessGrid
 // prints its one line and every rank returns false together: no rank is
 // left waiting in a collective.
 template <class F>
-bool on_every_rank(F&& work) {
-    std::string error;
+bool on_every_rank(F&& work);
+
+// Runs `work` on every rank; returns the lowest rank where it failed (the
+// world's size where it failed nowhere), with this rank's line in `error`.
+template <class F>
+int first_failing_rank(F&& work, std::string& error) {
     try {
         work();
     } catch (const ConfigError& e) {
@@ -59,11 +63,29 @@ bool on_every_rank(F&& work) {
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     int first_failure = error.empty() ? size : rank;
     all_reduce_ints(&first_failure, 1, MPI_MIN, MPI_COMM_WORLD, "agreement on errors");
-    if (first_failure == size) return true;
-    if (rank == first_failure) {
-        if (size > 1) std::fprintf(stderr, "tpsp: rank %d: %s\n", rank, error.c_str());
-        else std::fprintf(stderr, "tpsp: %s\n", error.c_str());
-    }
+    return first_failure;
+}
+
+// The lowest failing rank's one line, printed by that rank.
+inline void say_error(const std::string& error) {
+    int rank, size;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (size > 1) std::fprintf(stderr, "tpsp: rank %d: %s\n", rank, error.c_str());
+    else std::fprintf(stderr, "tpsp: %s\n", error.c_str());
+}
+
+// Runs `work` on every rank; if it failed anywhere, the lowest failing rank
+// prints its one line and every rank returns false together.
+template <class F>
+bool on_every_rank(F&& work) {
+    std::string error;
+    const int failed = first_failing_rank(work, error);
+    int rank, size;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (failed == size) return true;
+    if (rank == failed) say_error(error);
     return false;
 }
 
@@ -82,8 +104,8 @@ int local_rank();
 template <class Backend>
 Trainer<Backend>::Trainer(const Config& config)
     : cfg_(config), gpt_(config.gpt()), shape_(config.run_shape()),
-      schedule_(trainer_detail::schedule_of(config.train)), inputs_(size_t(shape_.batch) * shape_.seq_len),
-      targets_(inputs_.size()) {
+      schedule_(trainer_detail::schedule_of(config.train)),
+      inputs_(size_t(shape_.batch) * shape_.seq_len * size_t(config.train.grad_accum)), targets_(inputs_.size()) {
     sample_prompt_ = {gpt_.vocab_size == 256 ? int('\n') : gpt2_end_of_text};  // a line break, or <|endoftext|>
 }
 
@@ -113,6 +135,7 @@ void Trainer<Backend>::build() {
         check_train_and_val_apart(cfg_.data.train, cfg_.data.val);
         val_loader_ = std::make_unique<TokenLoader>(cfg_.data.val, shape_.batch, shape_.seq_len, grid_.dp_rank,
                                                     grid_.dp, gpt_.vocab_size);
+        val_loader_->check_every_shard();  // small: a bad one is found now, not at the first validation
     }
     if (!cfg_.checkpoint.init.empty()) check_checkpoint_model(cfg_.checkpoint.init, gpt_);
     runtime_ = std::make_unique<typename Backend::Runtime>(trainer_detail::local_rank());
@@ -275,6 +298,7 @@ int Trainer<Backend>::run() {
     defer_stop_signals();  // from step 1 on, SIGTERM and SIGINT stop after a saved step
     for (int step = start_step_; step < cfg_.train.steps; step++) {
         if (step - start_step_ == cfg_.logging.trace_steps) tracer_.disable();
+        if (const int code = read_step_batches(step); code >= 0) return code;
         StepMetrics m = train_step(step);
         if (diverged_) return stop_diverged(m);
         const int done = step + 1;
@@ -288,6 +312,36 @@ int Trainer<Backend>::run() {
         if (stopping) return stop_on_signal(done);
     }
     return trainer_detail::on_every_rank([&] { write_trace(); }) ? 0 : 1;
+}
+
+// The step's micro-batches [accum, b, s], read before it starts; returns -1
+// to go on. A shard that turns out bad here (a CRC or a token out of range,
+// met when the loader first opens it) ends the run, but not before the last
+// applied step is saved, as after SIGTERM: the error costs no training.
+template <class Backend>
+int Trainer<Backend>::read_step_batches(int step) {
+    const int64_t position = train_loader_->position();
+    std::string error;
+    const int failed = trainer_detail::first_failing_rank(
+        [&] {
+            const size_t batch = size_t(shape_.batch) * shape_.seq_len;
+            for (int micro = 0; micro < cfg_.train.grad_accum; micro++)
+                train_loader_->next_batch(inputs_.data() + micro * batch, targets_.data() + micro * batch);
+        },
+        error);
+    if (failed == grid_.world_size) return -1;
+    train_loader_->seek(position);  // the saved position is that of the step not taken
+    std::string saved;
+    const bool worth_saving = !cfg_.checkpoint.dir.empty() && step > start_step_;
+    std::string save_error;
+    const int save_failed = worth_saving ? trainer_detail::first_failing_rank([&] { save(step); }, save_error)
+                                         : grid_.world_size;
+    if (worth_saving && save_failed == grid_.world_size)
+        saved = "; step " + std::to_string(step) + " is saved: continue with checkpoint.resume=" + cfg_.checkpoint.dir +
+                " once the shard is fixed";
+    if (grid_.world_rank == failed) trainer_detail::say_error(error + saved);
+    if (save_failed < grid_.world_size && grid_.world_rank == save_failed) trainer_detail::say_error(save_error);
+    return 1;
 }
 
 // A step whose loss or gradient norm was not finite was not applied
@@ -336,10 +390,10 @@ StepMetrics Trainer<Backend>::train_step(int step) {
     const float dloss = 1.0f / float(tokens_per_step_);
     double loss = 0.0;
     for (int micro = 0; micro < cfg_.train.grad_accum; micro++) {
-        train_loader_->next_batch(inputs_.data(), targets_.data());
+        const size_t at = size_t(micro) * shape_.batch * shape_.seq_len;  // read_step_batches put it there
         const DropoutStep draw{cfg_.train.seed, uint32_t(step),
                                (int64_t(micro) * grid_.dp + grid_.dp_rank) * shape_.batch};
-        loss += model.forward(inputs_.data(), targets_.data(), draw);
+        loss += model.forward(inputs_.data() + at, targets_.data() + at, draw);
         model.backward(dloss);
     }
     model.reduce_replicated_grads();
