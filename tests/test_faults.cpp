@@ -857,7 +857,8 @@ TEST(Faults, EveryKeyAndOptionIsBoundedByTheValueItWillUse) {
     EXPECT_EQ(r.exit_code, 0) << r.err;
     // a map where no section is, a map for a value, nesting beyond yaml-cpp's depth, a second document
     fs::path nested = write_file(dir / "nested.yaml", "parallel:\n  emulated_link: {a: {b: {c: 1}}}\n");
-    expect_refused(tpsp_binary + " memory " + nested.string(), "nested.yaml:2: unknown key parallel.emulated_link.a");
+    expect_refused(tpsp_binary + " memory " + nested.string(),
+                   "nested.yaml:2: unknown key parallel.emulated_link.a\n");  // not .a.b.c
     fs::path map_for_value = write_file(dir / "value.yaml", "train:\n  steps: {a: 1}\n");
     expect_refused(tpsp_binary + " memory " + map_for_value.string(),
                    "value.yaml:2: train.steps: expected a single value");
