@@ -931,3 +931,64 @@ TEST(Faults, AHeaderOrConfigBeyondTheLimitsIsOneLineBeforeAnyAllocation) {
     EXPECT_EQ(r.exit_code, 1);
     expect_one_line(r, "train.batch_size: b·s·max(4h, Vp) = 5120000000000 elements");
 }
+
+// ----------------------------------------------------------------------------
+// bounds: every key and option is checked on the value the run will use
+
+TEST(Faults, EveryKeyAndOptionIsBoundedByTheValueItWillUse) {
+    fs::path dir = scratch_dir();
+    auto expect_refused = [&](const std::string& command, const std::string& says) {
+        SCOPED_TRACE(command);
+        Outcome r = run(bounded + command, dir);
+        EXPECT_EQ(r.exit_code, 1) << r.err;
+        expect_one_line(r, says);
+        expect_ended_in_time(r);
+    };
+    auto memory = [&](const std::string& extra) { return tpsp_binary + " memory " + tiny + " " + extra; };
+    // a float checked as a double and stored as 1.0f: β1 = 1 made NaNs at step 2
+    expect_refused(memory("train.beta1=0.999999999"), "train.beta1: must be in [0, 1), got 0.999999999, which is 1");
+    expect_refused(memory("model.dropout=0.99999999"), "model.dropout: must be in [0, 1), got 0.99999999, which is 1");
+    // no upper bound: 100000 threads crashed, 2^31 − 1 splits hung
+    expect_refused(memory("train.threads=100000"), "train.threads: must be at most 1024");
+    expect_refused(memory("parallel.tp_comm_num_splits=2147483647"), "parallel.tp_comm_num_splits: must be at most 64");
+    expect_refused(memory("model.channels=32 model.heads=4 parallel.tp_comm_num_splits=33"),
+                   "parallel.tp_comm_num_splits: 33 is more than model.channels = 32");
+    // a link so slow that its delay overflowed into none
+    expect_refused(memory("parallel.emulated_link.gbps=1e-30"),
+                   "parallel.emulated_link.gbps: 0 (off) or at least 0.001");
+    expect_refused(memory("parallel.emulated_link.latency_us=1e7"), "parallel.emulated_link.latency_us: must be in");
+    // beyond int and uint64: the range, not "must be ≥ 0" or "expected an integer"
+    expect_refused(memory("train.steps=2147483648"), "train.steps: must be at most 2147483647, got 2147483648");
+    expect_refused(memory("train.steps=99999999999999999999"), "train.steps: must be at most 2147483647");
+    expect_refused(memory("train.seed=18446744073709551616"), "train.seed: must be in [0, 18446744073709551615]");
+    expect_refused(memory("train.seed=-1"), "train.seed: must be in [0, 18446744073709551615]");
+    Outcome r = run(memory("train.seed=18446744073709551615"), dir);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    // a map where no section is, a map for a value, nesting beyond yaml-cpp's depth, a second document
+    fs::path nested = write_file(dir / "nested.yaml", "parallel:\n  emulated_link: {a: {b: {c: 1}}}\n");
+    expect_refused(tpsp_binary + " memory " + nested.string(),
+                   "nested.yaml:2: unknown key parallel.emulated_link.a\n");  // not .a.b.c
+    fs::path map_for_value = write_file(dir / "value.yaml", "train:\n  steps: {a: 1}\n");
+    expect_refused(tpsp_binary + " memory " + map_for_value.string(),
+                   "value.yaml:2: train.steps: expected a single value");
+    std::string deep = "parallel:\n  emulated_link: ";
+    for (int i = 0; i < 5000; i++) deep += "{a: ";
+    deep += "1" + std::string(5000, '}') + "\n";
+    fs::path deep_file = write_file(dir / "deep.yaml", deep);
+    expect_refused(tpsp_binary + " memory " + deep_file.string(), "deep.yaml:2: malformed YAML: nested too deeply");
+    fs::path two = write_file(dir / "two.yaml", "train:\n  steps: 3\n---\ntrain:\n  steps: 4\n");
+    expect_refused(tpsp_binary + " memory " + two.string(), "two.yaml: holds 2 YAML documents");
+    // prepare: a validation share it cannot honour, one input given twice (through a link)
+    fs::path text = write_file(dir / "text.txt", std::string(20000, 'a'));
+    fs::create_symlink(text, dir / "link.txt");
+    const std::string prepare = tpsp_binary + " prepare " + text.string() + " ";
+    expect_refused(prepare + (dir / "out").string() + " --tokenizer byte --val-fraction 0.7",
+                   "--val-fraction must be in [1e-9, 0.5], got 0.7");
+    expect_refused(prepare + (dir / "out").string() + " --tokenizer byte --val-fraction 1e-300",
+                   "--val-fraction must be in [1e-9, 0.5]");
+    expect_refused(prepare + (dir / "link.txt").string() + " " + (dir / "out").string() + " --tokenizer byte",
+                   "link.txt are the same file");
+    // more validation batches than the validation set holds were read round and round
+    expect_refused(tiny_train(dir, fast + "train.steps=1 train.val_every=1 train.val_batches=1000000"),
+                   "train.val_batches: 1000000 is more than the");
+}

@@ -626,6 +626,19 @@ TEST(BadInput, WrongTypeAndImpossibleValue) {
     expect_clean_failure(dir, "", "type.yaml:2: train.lr: expected a number, got 'fast'", config.string());
 }
 
+// The range is of the value stored: a float after rounding, an int within int.
+TEST(BadInput, ARangeIsCheckedOnTheValueStored) {
+    fs::path dir = scratch_dir();
+    expect_clean_failure(dir, "train.beta2=0.9999999999",
+                         "train.beta2: must be in [0, 1), got 0.9999999999, which is 1 as a float");
+    expect_clean_failure(dir, "train.lr=999999999.9",
+                         "train.lr: must be in [0, 1e+09), got 999999999.9, which is 1e+09");
+    expect_clean_failure(dir, "logging.every=4294967297", "logging.every: must be at most 2147483647, got 4294967297");
+    expect_clean_failure(dir, "train.seed=99999999999999999999", "train.seed: must be in [0, 18446744073709551615]");
+    fs::path config = write_file(dir / "map.yaml", "model:\n  dropout: {p: 0.1}\nlogging:\n  every: 1\n");
+    expect_clean_failure(dir, "", "map.yaml:2: model.dropout: expected a single value", config.string());
+}
+
 TEST(BadInput, BatchLargerThanTheShard) {
     fs::path dir = scratch_dir();
     tpsp::write_token_shard((dir / "small_000.bin").string(), std::vector<uint16_t>(1000, 65));

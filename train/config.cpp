@@ -1,9 +1,12 @@
 #include "train/config.h"
 
+#include <yaml-cpp/depthguard.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
@@ -24,14 +27,31 @@ struct Key {
     std::function<std::string(Config)> show;               // of a copy: the fields are reached through Config&
 };
 
+// Out of long long's range, strtoll gives its limit, which the caller's range
+// check then refuses with the text as written.
 long long parse_int(const std::string& text) {
     char* end = nullptr;
-    errno = 0;
     long long v = std::strtoll(text.c_str(), &end, 10);
-    if (text.empty() || *end || errno) throw std::invalid_argument("expected an integer, got '" + text + "'");
+    if (text.empty() || *end) throw std::invalid_argument("expected an integer, got '" + text + "'");
     return v;
 }
 
+// 0 … 2^64 − 1; strtoull would take "-1" as 2^64 − 1.
+uint64_t parse_uint64(const std::string& text) {
+    const std::string range = "must be in [0, 18446744073709551615], got " + text;
+    char* end = nullptr;
+    errno = 0;
+    unsigned long long v = std::strtoull(text.c_str(), &end, 10);
+    if (text.empty() || *end) throw std::invalid_argument("expected an integer, got '" + text + "'");
+    if (errno == ERANGE || text.find('-') != std::string::npos) throw std::invalid_argument(range);
+    return uint64_t(v);
+}
+
+std::string number_text(double v) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.9g", v);
+    return buf;
+}
 double parse_float(const std::string& text) {
     char* end = nullptr;
     errno = 0;
@@ -46,26 +66,32 @@ bool parse_bool(const std::string& text) {
     throw std::invalid_argument("expected true or false, got '" + text + "'");
 }
 
-// Builders for the four kinds of key. `min` is the smallest allowed value.
-Key int_key(std::string name, int& (*field)(Config&), long long min, std::string help) {
+// Builders for the four kinds of key. `min` is the smallest allowed value,
+// `max` the largest.
+Key int_key(std::string name, int& (*field)(Config&), long long min, std::string help, long long max = INT_MAX) {
     return {name, "int", help,
             [=](Config& c, const std::string& text) {
                 long long v = parse_int(text);
-                if (v < min || v > 2147483647)
-                    throw std::invalid_argument("must be ≥ " + std::to_string(min) + ", got " + text);
+                if (v < min) throw std::invalid_argument("must be ≥ " + std::to_string(min) + ", got " + text);
+                if (v > max) throw std::invalid_argument("must be at most " + std::to_string(max) + ", got " + text);
                 field(c) = int(v);
             },
             [=](Config c) { return std::to_string(field(c)); }};
 }
 
+// The range is checked on the float that is stored: 0.999999999 is 1 as a
+// float, which β1 < 1 must refuse.
 Key float_key(std::string name, float& (*field)(Config&), double min, double below, std::string help) {
     return {name, "float", help,
             [=](Config& c, const std::string& text) {
+                const std::string range = "must be in [" + number_text(min) + ", " + number_text(below) + "), got " +
+                                          text;
                 double v = parse_float(text);
-                if (!(v >= min && v < below))
-                    throw std::invalid_argument("must be in [" + std::to_string(min) + ", " + std::to_string(below) +
-                                                "), got " + text);
-                field(c) = float(v);
+                if (!(v >= min && v < below)) throw std::invalid_argument(range);
+                const float stored = float(v);  // in float's range: `below` is
+                if (!(stored >= min && stored < below))
+                    throw std::invalid_argument(range + ", which is " + number_text(stored) + " as a float");
+                field(c) = stored;
             },
             [=](Config c) {
                 char buf[32];
@@ -150,15 +176,12 @@ const std::vector<Key>& keys() {
                 "validation loss every N steps (and at the end); 0 is never"),
         int_key("train.val_batches", [](Config& c) -> int& { return c.train.val_batches; }, 1,
                 "batches per validation"),
-        {"train.seed", "int", "seed of the initial weights and of the dropout masks",
-         [](Config& c, const std::string& text) {
-             long long v = parse_int(text);
-             if (v < 0) throw std::invalid_argument("must be ≥ 0, got " + text);
-             c.train.seed = uint64_t(v);
-         },
+        {"train.seed", "int", "seed of the initial weights and of the dropout masks, 0 … 2^64 − 1",
+         [](Config& c, const std::string& text) { c.train.seed = parse_uint64(text); },
          [](const Config& c) { return std::to_string(c.train.seed); }},
         int_key("train.threads", [](Config& c) -> int& { return c.train.threads; }, 0,
-                "OpenMP threads per rank; 0 is OpenMP's default"),
+                "OpenMP threads per rank; 0 is OpenMP's default; at most 1024 (more than any node's cores; "
+                "100000 crashed in OpenMP's start-up)", 1024),
         string_key("train.device", [](Config& c) -> std::string& { return c.train.device; }, {"cpu", "cuda", "auto"},
                    "cpu (fp32 activations), cuda (bf16, one GPU per rank), or auto: cuda where this build has "
                    "it and a GPU is present"),
@@ -181,14 +204,15 @@ const std::vector<Key>& keys() {
         string_key("parallel.tp_comm_rs_method", [](Config& c) -> std::string& { return c.parallel.tp_comm_rs_method; },
                    {"ring", "pipeline"}, "how tp_comm_overlap_rs overlaps: ring exchange or pipelined chunks"),
         int_key("parallel.tp_comm_num_splits", [](Config& c) -> int& { return c.parallel.tp_comm_num_splits; }, 1,
-                "chunks of the pipelined reduce-scatters"),
+                "chunks of the pipelined reduce-scatters; at most 64 and at most model.channels "
+                "(each chunk is a slice of the h columns)", 64),
         int_key("parallel.timeout_s", [](Config& c) -> int& { return c.parallel.timeout_s; }, 1,
                 "seconds a rank waits for its peers in one transfer before it ends the job (an MPI wait; an NCCL operation, through a watchdog)"),
         float_key("parallel.emulated_link.gbps", [](Config& c) -> float& { return c.parallel.emulated_link_gbps; }, 0.0,
-                  1e9, "measuring aid: hold transfers to a link of this many gigabits/s; 0 is off"),
+                  1e9, "measuring aid: hold transfers to a link of this many gigabits/s; 0 is off, else at least 0.001"),
         float_key("parallel.emulated_link.latency_us",
-                  [](Config& c) -> float& { return c.parallel.emulated_link_latency_us; }, 0.0, 1e9,
-                  "the emulated link's latency per transfer, µs"),
+                  [](Config& c) -> float& { return c.parallel.emulated_link_latency_us; }, 0.0, 1e6,
+                  "the emulated link's latency per transfer, µs; below 1 s"),
         string_key("checkpoint.dir", [](Config& c) -> std::string& { return c.checkpoint.dir; }, {},
                    "where checkpoints go; \"\" for none"),
         int_key("checkpoint.every", [](Config& c) -> int& { return c.checkpoint.every; }, 0,
@@ -235,6 +259,13 @@ void apply(Config& c, const std::string& where, const std::string& name, const s
     }
 }
 
+// Whether some key's name continues `name` with a dot ("parallel.emulated_link").
+bool is_section(const std::string& name) {
+    for (const Key& k : keys())
+        if (k.name.rfind(name + ".", 0) == 0) return true;
+    return false;
+}
+
 // Applies every key of a YAML map; a nested map ("emulated_link: {gbps: 5}")
 // names its keys with one more dot.
 void apply_map(Config& c, const std::string& path, const std::string& prefix, const YAML::Node& map) {
@@ -244,7 +275,9 @@ void apply_map(Config& c, const std::string& path, const std::string& prefix, co
         std::string at = path + ":" + std::to_string(entry.first.Mark().line + 1);
         if (!seen.insert(key).second) throw ConfigError(at + ": " + key + " is given twice");
         if (entry.second.IsMap()) {
-            apply_map(c, path, key, entry.second);
+            if (find_key(key)) throw ConfigError(at + ": " + key + ": expected a single value");
+            if (!is_section(key)) throw ConfigError(at + ": unknown key " + key);
+            apply_map(c, path, key, entry.second);  // as deep as the key names go: never deeper than they
             continue;
         }
         if (!find_key(key)) throw ConfigError(at + ": unknown key " + key);
@@ -317,8 +350,25 @@ void validate(const Config& c, const std::string& where) {
     if (c.model.recompute != "full" && (c.model.recompute_method != "uniform" || c.model.recompute_layers != 1))
         fail("model.recompute_method",
              "model.recompute_method and model.recompute_layers choose the blocks of model.recompute: full");
+    // below a megabit/s a transfer's delay overflows the clock's range and becomes none
+    if (c.parallel.emulated_link_gbps > 0 && c.parallel.emulated_link_gbps < 1e-3f)
+        fail("parallel.emulated_link.gbps", "0 (off) or at least 0.001");
+    if (c.parallel.tp_comm_num_splits > c.model.channels)
+        fail("parallel.tp_comm_num_splits", std::to_string(c.parallel.tp_comm_num_splits) +
+                                                " is more than model.channels = " + std::to_string(c.model.channels) +
+                                                ": a chunk would hold no column");
     if (c.train.device != "cpu" && c.parallel.emulated_link_gbps > 0)
         fail("parallel.emulated_link.gbps", "the emulated link is a CPU measuring aid: it needs train.device: cpu");
+}
+
+// The file's one YAML document; a second one ("---") would otherwise be
+// dropped without a word.
+YAML::Node load_one_document(const std::string& path) {
+    std::vector<YAML::Node> documents = YAML::LoadAllFromFile(path);
+    if (documents.size() > 1)
+        throw ConfigError(path + ": holds " + std::to_string(documents.size()) +
+                          " YAML documents (--- separates them); a config is one");
+    return documents.empty() ? YAML::Node() : documents[0];
 }
 
 }  // namespace
@@ -368,9 +418,12 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
         if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec))
             throw ConfigError(path + ": not a regular file");
         try {
-            root = YAML::LoadFile(path);
+            root = load_one_document(path);
         } catch (const YAML::BadFile&) {
             throw ConfigError(path + ": cannot open config");
+        } catch (const YAML::DeepRecursion& e) {  // yaml-cpp's own message for it says "bad file"
+            throw ConfigError(path + ":" + std::to_string(e.mark.line + 1) +
+                              ": malformed YAML: nested too deeply (no config key is more than three levels down)");
         } catch (const YAML::Exception& e) {
             throw ConfigError(path + ":" + std::to_string(e.mark.line + 1) + ": malformed YAML: " + e.msg);
         }

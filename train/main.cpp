@@ -27,6 +27,7 @@
 #ifdef TPSP_WITH_CUDA
 #include "model/cuda_backend.h"
 #endif
+#include "common/files.h"
 #include "data/gpt2_tokenizer.h"
 #include "data/prepare.h"
 #include "model/cpu_blas.h"
@@ -142,12 +143,25 @@ int command_bench(const Config& cfg, const std::string& path, const BenchOptions
     return 0;
 }
 
+// One file given twice (by two names, or through a link) would be trained on twice.
+void refuse_repeated_inputs(const std::vector<std::string>& inputs) {
+    for (size_t i = 0; i < inputs.size(); i++)
+        for (size_t j = i + 1; j < inputs.size(); j++)
+            if (same_file(inputs[i], inputs[j]))
+                throw ConfigError("tpsp prepare: " + inputs[i] + " and " + inputs[j] + " are the same file");
+}
+
 int command_prepare(std::vector<std::string> paths, const PrepareOptions& options) {
     if (paths.size() < 2) throw ConfigError("tpsp prepare: need INPUT... and OUT_DIR");
-    if (!(options.val_fraction > 0 && options.val_fraction < 1))
-        throw ConfigError("tpsp prepare: --val-fraction must be in (0, 1)");
+    // every round(1/f)-th chunk goes to validation: at most every second one, and 1/f must fit an integer
+    if (!(options.val_fraction >= 1e-9 && options.val_fraction <= 0.5)) {
+        char given[32];
+        std::snprintf(given, sizeof given, "%g", options.val_fraction);
+        throw ConfigError(std::string("tpsp prepare: --val-fraction must be in [1e-9, 0.5], got ") + given);
+    }
     const std::string out_dir = paths.back();
     paths.pop_back();
+    refuse_repeated_inputs(paths);
     prepare_shards(paths, out_dir, options);
     return 0;
 }
@@ -173,7 +187,7 @@ void add_prepare_options(CLI::App* prepare, std::vector<std::string>& paths, Pre
         ->check(CLI::IsMember({"byte", "gpt2"}));
     prepare->add_option("--tokenizer-dir", options.tokenizer_dir, "gpt2: encoder.json and vocab.bpe")
         ->capture_default_str();
-    prepare->add_option("--val-fraction", options.val_fraction, "share of the tokens for validation, in (0, 1)")
+    prepare->add_option("--val-fraction", options.val_fraction, "share of the tokens for validation, in [1e-9, 0.5]")
         ->capture_default_str();
     prepare->add_option("--shard-tokens", options.shard_tokens, "tokens per shard at most")
         ->check(at_least(1))

@@ -99,6 +99,14 @@ inline const char* stop_signal_name(int signal) { return signal == SIGINT ? "SIG
 // that says); the CPU backend ignores it.
 int local_rank();
 
+// A validation of more batches than the set holds would read some of them
+// twice, silently, as the loader starts over at the first.
+inline void check_val_batches_fit(int val_batches, const TokenLoader& val_loader) {
+    if (val_batches > val_loader.batches_per_epoch())
+        throw ConfigError("train.val_batches: " + std::to_string(val_batches) + " is more than the " +
+                          std::to_string(val_loader.batches_per_epoch()) + " batches the validation set holds");
+}
+
 }  // namespace trainer_detail
 
 template <class Backend>
@@ -135,6 +143,7 @@ void Trainer<Backend>::build() {
         check_train_and_val_apart(cfg_.data.train, cfg_.data.val);
         val_loader_ = std::make_unique<TokenLoader>(cfg_.data.val, shape_.batch, shape_.seq_len, grid_.dp_rank,
                                                     grid_.dp, gpt_.vocab_size);
+        trainer_detail::check_val_batches_fit(cfg_.train.val_batches, *val_loader_);
         val_loader_->check_every_shard();  // small: a bad one is found now, not at the first validation
     }
     if (!cfg_.checkpoint.init.empty()) check_checkpoint_model(cfg_.checkpoint.init, gpt_);
