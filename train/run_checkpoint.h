@@ -81,6 +81,27 @@ private:
     std::vector<float> full_, local_, shards_;
 };
 
+// The two files of a save under their names, then `latest` naming them; a
+// failure on the way (a full disk met when a file is flushed, synced or
+// renamed) takes back what was committed, so the directory is as it was
+// before the save began.
+inline void commit_pair(AtomicFile& model_file, AtomicFile& state, const std::string& model_path,
+                        const std::string& state_path, const std::string& dir, int step) {
+    bool model_committed = false, state_committed = false;
+    try {
+        model_file.commit();
+        model_committed = true;
+        state.commit();
+        state_committed = true;
+        const std::string latest = std::to_string(step) + "\n";
+        write_file_atomically(dir + "/latest", {{latest.data(), latest.size()}});  // last: the pair is complete
+    } catch (const FileError&) {
+        if (state_committed) std::remove(state_path.c_str());
+        if (model_committed) std::remove(model_path.c_str());
+        throw;
+    }
+}
+
 // Saves step `step` into dir: the model file, the state file, then `latest`.
 // Collective over the TP group of dp rank 0; world rank 0 writes. Weights or
 // moments that are not finite are never written: the two files are
@@ -129,10 +150,7 @@ void save_run(const std::string& dir, GPTModel<Backend>& model, const AdamWOptim
     on_writer([&] {
         const uint32_t crc = state_crc.value();
         state->write(&crc, sizeof crc);
-        model_file->commit();
-        state->commit();
-        const std::string latest = std::to_string(step) + "\n";
-        write_file_atomically(dir + "/latest", {{latest.data(), latest.size()}});  // last: the pair is complete
+        commit_pair(*model_file, *state, model_path, state_path, dir, step);
     });
     if (!error.empty()) throw FileError(error);
 }

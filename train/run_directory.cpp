@@ -92,10 +92,13 @@ void RunDirectory::claim(const std::string& dir, const std::string& resume, bool
     const int step = latest_step(dir);
     const bool holds_a_run = step >= 0 || !checkpoint_files(dir).empty();
     if (!holds_a_run || resumes_here) return;
+    if (!overwrite && step < 0)
+        throw ConfigError("checkpoint.dir: " + dir +
+                          " holds checkpoint files but no `latest` (a first save that never completed): nothing "
+                          "there can be resumed; start over with checkpoint.overwrite=true");
     if (!overwrite)
-        throw ConfigError("checkpoint.dir: " + dir + " already holds a run" +
-                          (step >= 0 ? " (latest step " + std::to_string(step) + ")" : "") +
-                          ": continue it with checkpoint.resume=" + dir +
+        throw ConfigError("checkpoint.dir: " + dir + " already holds a run (latest step " + std::to_string(step) +
+                          "): continue it with checkpoint.resume=" + dir +
                           ", or start over with checkpoint.overwrite=true");
     fs::remove(dir + "/latest");  // first: a crash from here on leaves no `latest` that names a removed step
     for (const auto& [unused, path] : checkpoint_files(dir)) fs::remove(path);
