@@ -634,8 +634,8 @@ TEST(Faults, BadDataFoundLateCostsNoTraining) {
     const std::string shards = " data.train=" + (data / "train_*.bin").string();
 
     // a bad validation shard: found before step 1, not at the first validation
-    Outcome val = run(bounded + tiny_train(dir, fast + "train.steps=5 train.val_every=1000" + shards +
-                                                    " data.val=" + (data / "bad_val_*.bin").string()),
+    Outcome val = run(bounded + tiny_train(dir, fast + "train.steps=5 train.val_every=1000 train.val_batches=2" +
+                                                    shards + " data.val=" + (data / "bad_val_*.bin").string()),
                       dir);
     EXPECT_EQ(val.exit_code, 1);
     expect_one_line(val, "bad_val_000000.bin: token 300 at offset 100 is not below model.vocab_size = 256");

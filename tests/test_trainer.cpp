@@ -527,6 +527,19 @@ TEST(BadInput, AMalformedNumberOnTheCommandLineIsOneLineNamingTheOption) {
     EXPECT_FALSE(fs::exists(dir / "out")) << "prepare wrote although its options were wrong";
 }
 
+// bench times one rank: a layout it would not honour is refused, not ignored.
+TEST(BadInput, BenchRefusesTheSwitchesItWouldIgnore) {
+    fs::path dir = scratch_dir();
+    for (const std::string setting : {"parallel.tp=2", "parallel.tp_comm_overlap=true"}) {
+        SCOPED_TRACE(setting);
+        Outcome r = run(tpsp_binary + " bench " + tiny + " --steps 1 " + setting, dir);
+        EXPECT_EQ(r.exit_code, 1);
+        EXPECT_EQ(count_lines(r.err), 1) << r.err;
+        EXPECT_NE(r.err.find("parallel.tp: tpsp bench times one rank"), std::string::npos) << r.err;
+        EXPECT_TRUE(r.out.empty()) << r.out;
+    }
+}
+
 // `tpsp bench --breakdown`: a row for every part of the model, each of which
 // timed some work, and spans that cover the step without counting any of it
 // twice. The last row is the step less the spans, so the rows add up to the

@@ -134,6 +134,11 @@ int command_memory(const Config& cfg) {
 }
 
 int command_bench(const Config& cfg, const std::string& path, const BenchOptions& options) {
+    if (cfg.parallel.tp > 1 || cfg.parallel.tp_comm_overlap)
+        throw ConfigError(
+            "parallel.tp: tpsp bench times one rank's forward and backward (t = 1, no overlap); it "
+            "would ignore parallel.tp and the tp_comm_* switches: time TP+SP with tpsp train under "
+            "mpirun (scripts/bench_overlap.sh)");
     if (cfg.train.threads > 0) omp_set_num_threads(cfg.train.threads);
     const bool on_gpu = resolve_device(cfg, true) == Device::cuda;  // only in a CUDA build
 #ifdef TPSP_WITH_CUDA
