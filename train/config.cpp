@@ -9,9 +9,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <set>
+#include <sstream>
 
 namespace tpsp {
 
@@ -361,14 +363,39 @@ void validate(const Config& c, const std::string& where) {
         fail("parallel.emulated_link.gbps", "the emulated link is a CPU measuring aid: it needs train.device: cpu");
 }
 
-// The file's one YAML document; a second one ("---") would otherwise be
-// dropped without a word.
+// Whether a YAML text holds a second document: content after a document
+// marker (`---` or `...` at the start of a line) that itself came after
+// content. yaml-cpp's LoadFile reads the first document alone and drops the
+// rest without a word; its LoadAll hangs on some malformed inputs (found by
+// fuzzing), so the markers are found here, in the text.
+bool holds_a_second_document(const std::string& text) {
+    auto has_content = [](const std::string& part) {
+        const size_t first = part.find_first_not_of(" \t\r");
+        return first != std::string::npos && part[first] != '#';
+    };
+    bool content = false, marker_after_content = false;
+    std::istringstream lines(text);
+    for (std::string line; std::getline(lines, line);) {
+        const bool marker = (line.rfind("---", 0) == 0 || line.rfind("...", 0) == 0) &&
+                            (line.size() == 3 || line[3] == ' ' || line[3] == '\t' || line[3] == '\r');
+        const std::string rest = marker ? line.substr(3) : line;
+        if (marker && content) marker_after_content = true;
+        if (!has_content(rest)) continue;
+        if (marker_after_content) return true;
+        content = true;
+    }
+    return false;
+}
+
+// The file's one YAML document; a second one is refused, not dropped.
 YAML::Node load_one_document(const std::string& path) {
-    std::vector<YAML::Node> documents = YAML::LoadAllFromFile(path);
-    if (documents.size() > 1)
-        throw ConfigError(path + ": holds " + std::to_string(documents.size()) +
-                          " YAML documents (--- separates them); a config is one");
-    return documents.empty() ? YAML::Node() : documents[0];
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw YAML::BadFile(path);
+    std::stringstream text;
+    text << in.rdbuf();
+    if (holds_a_second_document(text.str()))
+        throw ConfigError(path + ": holds more than one YAML document (--- separates them); a config is one");
+    return YAML::Load(text.str());
 }
 
 }  // namespace
