@@ -37,6 +37,7 @@ public:
     int64_t position() const { return batches_read_; }
     void seek(int64_t batches_read);  // a position below 0 (a damaged file) is an error
     size_t num_shards() const { return shards_.size(); }
+    const std::vector<std::string>& shard_paths() const { return paths_; }  // the glob's matches, sorted
     // Loads and checks every shard now (its CRC, every token below the
     // vocabulary) rather than when a batch first needs it: for the
     // validation set, which is small, so that a bad shard is found before

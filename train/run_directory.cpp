@@ -41,11 +41,6 @@ std::vector<std::pair<int, fs::path>> checkpoint_files(const std::string& dir) {
     return files;
 }
 
-bool same_directory(const std::string& a, const std::string& b) {
-    std::error_code ec;
-    return fs::equivalent(a, b, ec);
-}
-
 }  // namespace
 
 bool is_run_file_name(const std::string& name) {
@@ -85,7 +80,7 @@ void RunDirectory::claim(const std::string& dir, const std::string& resume, bool
     for (const fs::directory_entry& entry : fs::directory_iterator(dir))
         if (is_temporary_name(entry.path().filename().string())) fs::remove(entry.path());
 
-    const bool resumes_here = !resume.empty() && same_directory(resume, dir);
+    const bool resumes_here = !resume.empty() && same_file(resume, dir);
     if (resumes_here && overwrite)
         throw ConfigError("checkpoint.overwrite: checkpoint.resume continues the run in " + dir +
                           "; it cannot also start over there");

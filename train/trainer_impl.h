@@ -245,9 +245,9 @@ void Trainer<Backend>::check_files_apart() const {
     const Config::Checkpoint& ck = cfg_.checkpoint;
     std::vector<NamedFile> inputs, outputs;
     if (!cfg_.file.empty()) inputs.push_back({cfg_.file, "the config"});
-    for (const std::string& shard : expand_shard_glob(cfg_.data.train)) inputs.push_back({shard, "data.train"});
+    for (const std::string& shard : train_loader_->shard_paths()) inputs.push_back({shard, "data.train"});
     if (val_loader_)
-        for (const std::string& shard : expand_shard_glob(cfg_.data.val)) inputs.push_back({shard, "data.val"});
+        for (const std::string& shard : val_loader_->shard_paths()) inputs.push_back({shard, "data.val"});
     if (!ck.init.empty()) inputs.push_back({ck.init, "checkpoint.init"});
     if (sampler_ && !cfg_.data.tokenizer.empty()) inputs.push_back({cfg_.data.tokenizer, "data.tokenizer"});
     if (start_step_ > 0)
