@@ -16,6 +16,7 @@
 #include "model/kernels/cpu_kernels.h"
 #include "model/tensor_table.h"
 #include "parallel/communicator.h"
+#include "parallel/thread_group.h"
 
 namespace tpsp {
 
@@ -41,7 +42,7 @@ Dim cuda_attention_scratch(int64_t b, int64_t s, int64_t h, int64_t a, int64_t t
 template <class B>
 concept ModelBackend = requires(void* dst, const void* src, size_t bytes, float* f, const float* cf, int64_t n,
                                 int rows, const std::vector<SquareSumRange>& ranges, double* sums,
-                                const AdamWStep& step, MPI_Comm comm) {
+                                const AdamWStep& step) {
     typename B::Act;      // the activation element: float (e = 4) or bf16 (e = 2)
     typename B::Comm;     // the tensor-parallel group: Communicator or NcclCommunicator
     typename B::Runtime;  // what a rank holds while it computes (its GPU)
@@ -49,7 +50,6 @@ concept ModelBackend = requires(void* dst, const void* src, size_t bytes, float*
     { B::copies_gemm_weights } -> std::convertible_to<bool>;
     { B::has_fused_attention } -> std::convertible_to<bool>;
     { B::memory() } -> std::same_as<const Memory&>;
-    { B::make_group(comm) } -> std::same_as<std::unique_ptr<typename B::Comm>>;
     B::copy(dst, src, bytes);
     B::upload(dst, src, bytes);
     B::download(dst, src, bytes);
@@ -110,5 +110,12 @@ struct CpuBackend {
 };
 
 static_assert(ModelBackend<CpuBackend>);
+
+// The CPU backend with a tensor-parallel group of threads (parallel/thread_group.h):
+// t ranks in one process, giving the MPI group's bits; the tests prove the stand-in with it.
+struct CpuThreadGroupBackend : CpuBackend {
+    using Comm = ThreadCommunicator;
+};
+static_assert(ModelBackend<CpuThreadGroupBackend>);
 
 }  // namespace tpsp

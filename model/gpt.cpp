@@ -243,5 +243,6 @@ std::vector<float> initial_full_parameters(const GPTConfig& config, uint64_t see
 }
 
 template class GPTModel<CpuBackend>;
+template class GPTModel<CpuThreadGroupBackend>;
 
 }  // namespace tpsp

@@ -285,6 +285,8 @@ private:
 
 // The CPU model, which the trainer, the sampler and most tests use.
 using GPT = GPTModel<CpuBackend>;
+// The CPU model on a group of threads (the stand-in's tests).
+using ThreadGroupGPT = GPTModel<CpuThreadGroupBackend>;
 
 // Model FLOPs of one forward+backward per token (PaLM's 6N + 12·L·s·h, with
 // N the parameters that take part in matmuls, the LM head included).

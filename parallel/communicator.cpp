@@ -1,5 +1,6 @@
 #include "parallel/communicator.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
@@ -72,7 +73,23 @@ MpiTransfer Communicator::begin(const char* name, double link_seconds, bool coun
     return t;
 }
 
+int Communicator::take_scratch(size_t count) {
+    size_t slot = 0;
+    while (slot < scratch_.size() && scratch_[slot]->in_use) slot++;
+    if (slot == scratch_.size()) scratch_.push_back(std::make_unique<Scratch>());
+    Scratch& s = *scratch_[slot];
+    if (s.data.size() < count) s.data.resize(count);
+    s.in_use = true;
+    return int(slot);
+}
+
 double Communicator::finish(Transfer& t) {
+    if (t.sum_into) {  // a reduce-scatter's blocks have arrived: add them up
+        Scratch& blocks = *scratch_[size_t(t.scratch)];
+        sum_in_rank_order(t.sum_into, blocks.data.data(), t.sum_count, size_, t.sum_count);
+        blocks.in_use = false;
+        t.sum_into = nullptr;
+    }
     const double end = now_seconds();
     t.active = false;
     if (!t.counts) return end;
@@ -140,7 +157,12 @@ MpiTransfer Communicator::start_reduce_scatter(const float* full, float* shard, 
     }
     bytes.reduce_scatter += int64_t(count) * size_ * 4;
     Transfer t = begin(name, ring_seconds(count), true);
-    MPI_Ireduce_scatter_block(full, shard, int(count), MPI_FLOAT, MPI_SUM, comm_, &t.request);
+    t.scratch = take_scratch(count * size_t(size_));
+    t.sum_into = shard;
+    t.sum_count = count;
+    // block q of every rank's full goes to rank q; finish() adds them up
+    MPI_Ialltoall(full, int(count), MPI_FLOAT, scratch_[size_t(t.scratch)]->data.data(), int(count), MPI_FLOAT, comm_,
+                  &t.request);
     return t;
 }
 
@@ -154,22 +176,56 @@ void Communicator::reduce_scatter(const float* full, float* shard, size_t count)
     wait(t);
 }
 
-void Communicator::all_reduce(float* data, size_t count, MPI_Op op) {
+// One piece of an all-reduce sum: rank q adds up block q of every rank's
+// data in rank order (blocks by all-to-all), then every rank gathers the
+// sums. Pieces bound the buffer the blocks arrive in.
+void Communicator::all_reduce_piece(float* data, size_t count) {
+    const size_t t = size_t(size_);
+    std::vector<int> counts(t), offsets(t), mine(t), at(t);  // block q: [offsets[q], + counts[q])
+    for (size_t q = 0; q < t; q++) {
+        offsets[q] = int(count * q / t);
+        counts[q] = int(count * (q + 1) / t) - offsets[q];
+    }
+    const int block = counts[size_t(rank_)];
+    for (size_t q = 0; q < t; q++) mine[q] = block, at[q] = int(q) * block;
+    const int slot = take_scratch(size_t(block) * size_t(size_));
+    float* blocks = scratch_[size_t(slot)]->data.data();
+    MPI_Request request;
+    MPI_Ialltoallv(data, counts.data(), offsets.data(), MPI_FLOAT, blocks, mine.data(), at.data(), MPI_FLOAT, comm_,
+                   &request);
+    wait_or_give_up(&request, "all-reduce", comm_, -1);
+    sum_in_rank_order(data + offsets[size_t(rank_)], blocks, size_t(block), size_, size_t(block));
+    scratch_[size_t(slot)]->in_use = false;
+    MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_FLOAT, data, counts.data(), offsets.data(), MPI_FLOAT, comm_, &request);
+    wait_or_give_up(&request, "all-reduce", comm_, -1);
+}
+
+void Communicator::all_reduce_sum(float* data, size_t count) {
     if (size_ == 1) return;
     bytes.all_reduce += int64_t(count) * 4;
     Transfer t = begin("all-reduce", 2 * ring_seconds(count / size_), true);  // reduce-scatter + all-gather
-    MPI_Iallreduce(MPI_IN_PLACE, data, int(count), MPI_FLOAT, op, comm_, &t.request);
+    const size_t piece = size_t(1) << 22;                                     // 16 MiB
+    for (size_t at = 0; at < count; at += piece) all_reduce_piece(data + at, std::min(piece, count - at));
+    sleep_until(t.ready_at);
+    const double end = finish(t);
+    time.exposed += end - t.started;  // blocking: all of it
+}
+
+void Communicator::all_reduce_max(float* data, size_t count) {
+    if (size_ == 1) return;
+    bytes.all_reduce += int64_t(count) * 4;
+    Transfer t = begin("all-reduce", 2 * ring_seconds(count / size_), true);
+    MPI_Iallreduce(MPI_IN_PLACE, data, int(count), MPI_FLOAT, MPI_MAX, comm_, &t.request);
     wait(t);
 }
 
-void Communicator::all_reduce_sum(float* data, size_t count) { all_reduce(data, count, MPI_SUM); }
-void Communicator::all_reduce_max(float* data, size_t count) { all_reduce(data, count, MPI_MAX); }
-
 void Communicator::all_reduce_sum(double* data, size_t count) {
     if (size_ == 1) return;
+    std::vector<double> every(count * size_t(size_));
     MPI_Request request;
-    MPI_Iallreduce(MPI_IN_PLACE, data, int(count), MPI_DOUBLE, MPI_SUM, comm_, &request);
+    MPI_Iallgather(data, int(count), MPI_DOUBLE, every.data(), int(count), MPI_DOUBLE, comm_, &request);
     wait_for_collective(&request, comm_, "all-reduce of doubles");
+    sum_in_rank_order(data, every.data(), count, size_, count);
 }
 
 void Communicator::copy(float* dst, const float* src, size_t count) { std::memmove(dst, src, count * 4); }

@@ -12,6 +12,13 @@
 // its completion; the part spent in wait() — blocked, with nothing left to
 // compute — is the exposed part. A blocking collective is all exposed.
 //
+// Sums: every sum over ranks is taken in rank order, left to right
+// (((x₀ + x₁) + x₂) + …), whatever algorithm MPI would pick for the size at
+// hand: the blocks travel by all-to-all and each rank adds up its own block.
+// The bits of a run then depend on t alone, never on the MPI library or the
+// message size, and the one-process stand-in (thread_group.h) reproduces
+// them exactly. A maximum needs no order and stays MPI's.
+//
 // Open MPI moves a non-blocking transfer only inside MPI calls: a caller that
 // computes meanwhile must poll test() between its tiles.
 #pragma once
@@ -19,6 +26,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <vector>
 
 #include "parallel/trace.h"
 
@@ -51,7 +60,19 @@ struct MpiTransfer {
     bool counts = true;     // sends complete in a receive's shadow and do not count
     bool active = false;    // started and not yet complete
     int peer = -1;          // the one rank it waits for (a send or receive), or -1 (a collective)
+    // a reduce-scatter: on completion, sum_into [sum_count] = Σ in rank order of the blocks received
+    float* sum_into = nullptr;
+    size_t sum_count = 0;
+    int scratch = -1;  // the communicator's buffer the blocks arrive in
 };
+
+// out [count] = Σ_q blocks[q · stride …] over q = 0 … ranks − 1, left to right.
+template <class T>
+void sum_in_rank_order(T* out, const T* blocks, size_t count, int ranks, size_t stride) {
+    for (size_t i = 0; i < count; i++) out[i] = blocks[i];
+    for (int q = 1; q < ranks; q++)
+        for (size_t i = 0; i < count; i++) out[i] += blocks[size_t(q) * stride + i];
+}
 
 // How long one wait for peers may last (parallel.timeout_s) before this
 // process gives up on them, as PyTorch's NCCL watchdog does: a rank that
@@ -116,9 +137,16 @@ public:
 
 private:
     Transfer begin(const char* name, double link_seconds, bool counts);
-    void all_reduce(float* data, size_t count, MPI_Op op);
+    void all_reduce_piece(float* data, size_t count);
     double finish(Transfer& t);  // returns when it finished
     double ring_seconds(size_t shard_count) const;
+    // reduce-scatter buffers, reused: one per transfer in flight
+    struct Scratch {
+        std::vector<float> data;
+        bool in_use = false;
+    };
+    int take_scratch(size_t count);
+    std::vector<std::unique_ptr<Scratch>> scratch_;
     MPI_Comm comm_ = MPI_COMM_NULL;
     int rank_ = 0, size_ = 1;
 };

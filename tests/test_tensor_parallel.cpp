@@ -10,12 +10,14 @@
 #include <cstring>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "model/gpt.h"
 #include "model/memory_report.h"
 #include "parallel/communicator.h"
 #include "parallel/overlap.h"
+#include "parallel/thread_group.h"
 #include "parallel/trace.h"
 #include "tests/test_support.h"
 #include "train/config.h"
@@ -135,6 +137,85 @@ TEST(TensorParallel, TwoRanksWithSequenceParallelEqualOneRank) { compare_with_on
 TEST(TensorParallel, TwoRanksTensorOnlyEqualOneRank) { compare_with_one_rank(2, false); }
 TEST(TensorParallel, FourRanksWithSequenceParallelEqualOneRank) { compare_with_one_rank(4, true); }
 TEST(TensorParallel, FourRanksTensorOnlyEqualOneRank) { compare_with_one_rank(4, false); }
+
+// The one-process stand-in (parallel/thread_group.h): t threads of world
+// rank 0 against the MPI group of world ranks 0 … t − 1, the same model on
+// the same weights and tokens, dropout on. The loss of every rank, every
+// gradient shard and the gradient norm's parts must be the same bits.
+struct OneRankStep {
+    float loss = 0.0f;
+    std::vector<float> grads;
+    double sharded = 0.0, replicated = 0.0;  // the norm's parts, the sharded one summed over the group
+};
+
+template <class Model, class Group>
+OneRankStep one_step(Group* group, bool sequence_parallel, const OverlapSettings& overlap,
+                     const std::vector<int>& tokens) {
+    const int N = shape.batch * shape.seq_len;
+    Model model(tiny_config(), shape, {group->size(), group->rank(), sequence_parallel, overlap}, group);
+    model.init_random(11);
+    model.zero_grad();
+    OneRankStep step;
+    step.loss = model.forward(tokens.data(), tokens.data() + 1, {7, 3, 0});
+    model.backward(1.0f / N);
+    model.reduce_replicated_grads();
+    step.grads.assign(model.grads.wte, model.grads.wte + model.num_parameters);
+    model.grad_square_sums(&step.sharded, &step.replicated);
+    group->all_reduce_sum(&step.sharded, 1);
+    return step;
+}
+
+void compare_thread_group_with_mpi_group(int t, bool sequence_parallel, const OverlapSettings& overlap,
+                                         const char* what) {
+    SCOPED_TRACE("t=" + std::to_string(t) + (sequence_parallel ? " TP+SP " : " TP only ") + what);
+    const std::vector<int> tokens = tpsp::testing::random_tokens(shape.batch * shape.seq_len, tiny_config().vocab_size,
+                                                                 23);
+    TpGroup tp_group(t);
+    Communicator& group = tp_group.group;
+    const OneRankStep mpi = one_step<GPT>(&group, sequence_parallel, overlap, tokens);
+    const size_t n = mpi.grads.size();
+    std::vector<float> mpi_grads(n * size_t(t)), mpi_losses(static_cast<size_t>(t));
+    group.gather(mpi.grads.data(), mpi_grads.data(), n, 0);
+    group.gather(&mpi.loss, mpi_losses.data(), 1, 0);
+    int world_rank;
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    if (world_rank == 0) {
+        ThreadGroup threads(t);
+        std::vector<OneRankStep> stand_in(static_cast<size_t>(t));
+        std::vector<std::thread> ranks;
+        for (int r = 0; r < t; r++)
+            ranks.emplace_back([&, r] {
+                ThreadCommunicator rank(&threads, r);
+                stand_in[size_t(r)] = one_step<ThreadGroupGPT>(&rank, sequence_parallel, overlap, tokens);
+            });
+        for (std::thread& rank : ranks) rank.join();
+        for (int r = 0; r < t; r++) {
+            SCOPED_TRACE("rank " + std::to_string(r));
+            EXPECT_EQ(stand_in[size_t(r)].loss, mpi_losses[size_t(r)]);
+            ASSERT_EQ(stand_in[size_t(r)].grads.size(), n);
+            EXPECT_EQ(0, std::memcmp(stand_in[size_t(r)].grads.data(), mpi_grads.data() + size_t(r) * n, n * 4))
+                << "a gradient shard differs";
+        }
+        EXPECT_EQ(stand_in[0].sharded, mpi.sharded);
+        EXPECT_EQ(stand_in[0].replicated, mpi.replicated);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST(ThreadGroup, TheOneProcessStandInGivesTheMpiGroupsBits) {
+    OverlapSettings ring;  // every switch, the reduce-scatter as a ring
+    ring.ag = ring.rs = ring.bulk_dgrad = ring.bulk_wgrad = true;
+    OverlapSettings pipelined = ring;  // and as a pipeline, dgrad's reduce-scatter overlapped (the bulk ones give way)
+    pipelined.bulk_dgrad = pipelined.bulk_wgrad = false;
+    pipelined.rs_pipeline = pipelined.rs_dgrad = true;
+    pipelined.num_splits = 3;
+    for (int t : {2, 4}) {
+        compare_thread_group_with_mpi_group(t, true, {}, "no overlap");
+        compare_thread_group_with_mpi_group(t, false, {}, "no overlap");
+        compare_thread_group_with_mpi_group(t, true, ring, "every switch, ring");
+        compare_thread_group_with_mpi_group(t, true, pipelined, "every switch, pipeline, rs_dgrad");
+    }
+}
 
 // Every overlap switch alone, and all of them, against the same TP group
 // without overlap: the loss and every gradient shard to 1e-5.

@@ -85,10 +85,25 @@ inline int MPI_Iallgather(const void* send, int count, MPI_Datatype type, void* 
     single_process_mpi::copy(send, receive, count, type);
     return MPI_SUCCESS;
 }
-inline int MPI_Ireduce_scatter_block(const void* send, void* receive, int count, MPI_Datatype type, MPI_Op, MPI_Comm,
-                                     MPI_Request* request) {
+inline int MPI_Iallgatherv(const void* send, int count, MPI_Datatype type, void* receive, const int*,
+                           const int* offsets, MPI_Datatype, MPI_Comm, MPI_Request* request) {
+    *request = MPI_REQUEST_NULL;
+    char* at = static_cast<char*>(receive) + offsets[0] * single_process_mpi::element_bytes(type);
+    single_process_mpi::copy(send, at, count, type);
+    return MPI_SUCCESS;
+}
+inline int MPI_Ialltoall(const void* send, int count, MPI_Datatype type, void* receive, int, MPI_Datatype, MPI_Comm,
+                         MPI_Request* request) {
     *request = MPI_REQUEST_NULL;
     single_process_mpi::copy(send, receive, count, type);
+    return MPI_SUCCESS;
+}
+inline int MPI_Ialltoallv(const void* send, const int* counts, const int* offsets, MPI_Datatype type, void* receive,
+                          const int*, const int* receive_offsets, MPI_Datatype, MPI_Comm, MPI_Request* request) {
+    *request = MPI_REQUEST_NULL;
+    const size_t bytes = single_process_mpi::element_bytes(type);
+    single_process_mpi::copy(static_cast<const char*>(send) + offsets[0] * bytes,
+                             static_cast<char*>(receive) + receive_offsets[0] * bytes, counts[0], type);
     return MPI_SUCCESS;
 }
 inline int MPI_Igather(const void* send, int count, MPI_Datatype type, void* receive, int, MPI_Datatype, int, MPI_Comm,
