@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 packages=(libopenblas0-openmp libopenblas-openmp-dev libgfortran5 libyaml-cpp0.7 libyaml-cpp-dev libgtest-dev
-  nlohmann-json3-dev libpcre2-8-0 libpcre2-dev)
+  nlohmann-json3-dev libpcre2-8-0 libpcre2-dev libcli11-dev)
 mkdir -p .gpu_deps
 (cd .gpu_deps && apt-get download "${packages[@]}" 2> /dev/null)
 [ -x build/tpsp ] || scripts/build.sh
