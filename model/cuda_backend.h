@@ -6,6 +6,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "model/gpt.h"
 #include "model/kernels/cuda_device.h"
@@ -59,6 +61,9 @@ struct CudaBackend {
     static double peak_flops();
     static const char* peak_flops_name() { return "bf16 peak"; }
     static std::string kernels() { return "cuBLASLt and tpsp's CUDA kernels"; }
+    // the driver, CUDA runtime, cuBLASLt, cuDNN and NCCL that loaded (with
+    // their files), then each GPU: one line each (`tpsp versions`)
+    static std::vector<std::string> library_versions();
 };
 
 static_assert(ModelBackend<CudaBackend>);

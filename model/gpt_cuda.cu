@@ -114,6 +114,17 @@ CudaBackend::Runtime::Runtime(int local_rank) : gpu::GpuRuntime(checked_device(l
 
 int CudaBackend::device_count() { return gpu::cuda_device_count(); }
 
+std::vector<std::string> CudaBackend::library_versions() {
+    std::vector<std::string> lines = gpu::cuda_versions();
+#ifdef TPSP_WITH_CUDNN
+    lines.insert(lines.begin() + 3, cudnn_version());  // after the driver, the runtime and cuBLASLt
+#else
+    lines.insert(lines.begin() + 3, "cuDNN: not built in (-DTPSP_CUDNN=OFF, or not found)");
+#endif
+    lines.insert(lines.begin() + 4, NcclCommunicator::library_version());
+    return lines;
+}
+
 std::unique_ptr<NcclCommunicator> CudaBackend::make_group(MPI_Comm comm) {
     return std::make_unique<NcclCommunicator>(comm, gpu::context().stream);
 }

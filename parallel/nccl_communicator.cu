@@ -1,8 +1,11 @@
 #include "parallel/nccl_communicator.h"
 
 #include <cstdio>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
+
+#include "common/loaded_library.h"
 
 namespace tpsp {
 
@@ -14,51 +17,70 @@ static void check_nccl(ncclResult_t result, const char* what) {
     if (result != ncclSuccess) throw std::runtime_error(std::string(what) + ": " + ncclGetErrorString(result));
 }
 
-// A few completion events, reused in turn: a schedule has at most four
-// transfers in flight, so an event is long complete before it comes round again.
-constexpr int event_pool_size = 32;
-static cudaEvent_t pooled_event() {
-    static cudaEvent_t pool[event_pool_size] = {};
-    static int next = 0;
-    cudaEvent_t& event = pool[next];
-    next = (next + 1) % event_pool_size;
+// This group's completion events, reused in turn: a schedule has at most
+// four transfers of a group in flight, so an event is long complete before
+// it comes round again. Each communicator has its own: groups do not share.
+cudaEvent_t NcclCommunicator::next_event() {
+    cudaEvent_t& event = events_[next_event_];
+    next_event_ = (next_event_ + 1) % events_.size();
     if (!event) check_cuda(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate");
     return event;
+}
+
+std::string NcclCommunicator::library_version() {
+    int loaded = 0;  // major·10000 + minor·100 + patch
+    ncclGetVersion(&loaded);
+    const auto text = [](int v) {
+        return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
+    };
+    const std::string file = library_file_of("ncclGetVersion");
+    return "NCCL: " + text(loaded) + (file.empty() ? "" : " (" + file + ")") + ", compiled against " +
+           text(NCCL_VERSION_CODE);
 }
 
 NcclCommunicator::NcclCommunicator(MPI_Comm comm, cudaStream_t compute_stream)
     : host_(comm), compute_stream_(compute_stream) {
     if (size() == 1) return;
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_);
     ncclUniqueId id;
     if (rank() == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
     MPI_Bcast(&id, int(sizeof id), MPI_BYTE, 0, comm);
     check_nccl(ncclCommInitRank(&nccl_, size(), id, rank()), "ncclCommInitRank");
     check_cuda(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking), "communication stream");
     check_cuda(cudaEventCreateWithFlags(&compute_ready_, cudaEventDisableTiming), "cudaEventCreate");
-    watchdog_ = std::make_unique<Watchdog>(peer_timeout(),
-                                           [this](const char* name, double seconds) { give_up(name, seconds); });
+    // the watchdog's thread queries this rank's events: on this rank's GPU, not
+    // on GPU 0 (where a thread's CUDA calls go until it sets its device)
+    int device = 0;
+    check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+    watchdog_ = std::make_unique<Watchdog>(
+        peer_timeout(), [this](const char* name, double seconds) { give_up(name, seconds); },
+        [device] { cudaSetDevice(device); });
 }
 
-// The watchdog's end of a stuck group: one line, the NCCL kernels aborted
-// (so the device lets go), then the whole job.
+// The watchdog's end of a stuck group, on the watchdog's thread: one line, the
+// NCCL kernels aborted (so the device lets go), then this process. MPI was
+// started single-threaded, so this thread makes no MPI call: a rank that ends
+// without MPI_Finalize makes mpirun end the whole job.
 void NcclCommunicator::give_up(const char* name, double seconds) {
-    int world_rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
     std::fprintf(stderr,
                  "tpsp: rank %d: the %s (NCCL, rank %d of a group of %d) has not completed after %.0f s "
                  "(parallel.timeout_s): a peer has stopped; ending the job\n",
-                 world_rank, name, rank(), size(), seconds);
+                 world_rank_, name, rank(), size(), seconds);
     std::fflush(stderr);
     ncclCommAbort(nccl_);
-    MPI_Abort(MPI_COMM_WORLD, 1);
+    std::_Exit(1);
 }
 
+// The communication stream is drained while the watchdog still watches it:
+// a peer that stopped ends the job here too instead of hanging its unwinding.
 NcclCommunicator::~NcclCommunicator() {
-    watchdog_.reset();
     if (comm_stream_) cudaStreamSynchronize(comm_stream_);
+    watchdog_.reset();
     if (nccl_) ncclCommDestroy(nccl_);
     if (comm_stream_) cudaStreamDestroy(comm_stream_);
     if (compute_ready_) cudaEventDestroy(compute_ready_);
+    for (cudaEvent_t event : events_)
+        if (event) cudaEventDestroy(event);
 }
 
 void NcclCommunicator::after_compute() {
@@ -68,7 +90,7 @@ void NcclCommunicator::after_compute() {
 
 NcclTransfer NcclCommunicator::finish_enqueue(const char* name, bool counts) {
     Transfer t;
-    t.done = pooled_event();
+    t.done = next_event();
     check_cuda(cudaEventRecord(t.done, comm_stream_), "cudaEventRecord");
     t.name = name;
     t.started = now_seconds();
@@ -80,7 +102,9 @@ NcclTransfer NcclCommunicator::finish_enqueue(const char* name, bool counts) {
 
 bool NcclCommunicator::test(Transfer& t) {
     if (!t.active) return true;
-    if (cudaEventQuery(t.done) != cudaSuccess) return false;
+    const cudaError_t status = cudaEventQuery(t.done);
+    if (status == cudaErrorNotReady) return false;
+    check_cuda(status, t.name);  // a fault on the stream is an error, not "not done yet"
     t.active = false;
     if (t.counts) {
         const double end = now_seconds();

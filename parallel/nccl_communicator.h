@@ -14,8 +14,8 @@
 //
 // A stopped peer: every operation enqueued is shown to a Watchdog (watchdog.h),
 // which ends the job when the newest has been pending for parallel.timeout_s
-// (one line naming it and the group, ncclCommAbort, MPI_Abort), as the CPU
-// communicator's waits do.
+// (one line naming it and the group, ncclCommAbort, the process ended), as
+// the CPU communicator's waits do.
 //
 // Bytes count as on the CPU (the full tensor per collective). Time is the
 // host's view: a transfer counts from its start to the poll or wait that
@@ -26,8 +26,10 @@
 #include <mpi.h>
 #include <nccl.h>
 
+#include <array>
 #include <cstddef>
 #include <memory>
+#include <string>
 
 #include "common/bf16.h"
 #include "parallel/communicator.h"
@@ -53,6 +55,8 @@ public:
     NcclCommunicator(const NcclCommunicator&) = delete;
     NcclCommunicator& operator=(const NcclCommunicator&) = delete;
     ~NcclCommunicator();
+    // "NCCL: 2.27.7 (its file), compiled against 2.x.y": the NCCL that loaded
+    static std::string library_version();
     int rank() const { return host_.rank(); }
     int size() const { return host_.size(); }
     MPI_Comm* mpi() { return host_.mpi(); }
@@ -89,6 +93,7 @@ private:
     // The communication stream waits for the compute stream's work so far.
     void after_compute();
     void give_up(const char* name, double seconds);  // the watchdog's expiry
+    cudaEvent_t next_event();
     Transfer finish_enqueue(const char* name, bool counts);
     void all_reduce(void* data, size_t count, ncclDataType_t type, ncclRedOp_t op, size_t element_bytes);
     Communicator host_;  // the same group over MPI, for what lives on the host
@@ -96,6 +101,9 @@ private:
     ncclComm_t nccl_ = nullptr;
     cudaStream_t comm_stream_ = nullptr;
     cudaEvent_t compute_ready_ = nullptr;
+    std::array<cudaEvent_t, 32> events_{};  // completion events, reused in turn
+    size_t next_event_ = 0;
+    int world_rank_ = 0;
     std::unique_ptr<Watchdog> watchdog_;  // groups of more than one rank
 };
 

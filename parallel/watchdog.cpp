@@ -7,8 +7,10 @@
 
 namespace tpsp {
 
-Watchdog::Watchdog(double timeout_seconds, std::function<void(const char*, double)> on_expiry)
-    : timeout_(timeout_seconds), on_expiry_(std::move(on_expiry)), thread_([this] { run(); }) {}
+Watchdog::Watchdog(double timeout_seconds, std::function<void(const char*, double)> on_expiry,
+                   std::function<void()> on_start)
+    : timeout_(timeout_seconds), on_expiry_(std::move(on_expiry)), on_start_(std::move(on_start)),
+      thread_([this] { run(); }) {}
 
 Watchdog::~Watchdog() {
     {
@@ -29,6 +31,7 @@ void Watchdog::watch(const char* name, std::function<bool()> done) {
 // Looks at the newest operation every tenth of the timeout (at most every
 // second): forgotten once done, reported once pending for the whole timeout.
 void Watchdog::run() {
+    if (on_start_) on_start_();
     const auto period = std::chrono::duration<double>(std::min(1.0, timeout_ / 10));
     std::unique_lock<std::mutex> lock(mutex_);
     while (!wake_.wait_for(lock, period, [this] { return stopping_; })) {

@@ -17,8 +17,10 @@ class Watchdog {
 public:
     // on_expiry(name, seconds): called once, on the watchdog's thread, with
     // the stuck operation's name and how long it has been pending; it is
-    // expected to end the process (print its line, abort).
-    Watchdog(double timeout_seconds, std::function<void(const char* name, double seconds)> on_expiry);
+    // expected to end the process (print its line, abort). on_start: run
+    // first on the watchdog's thread (to make the caller's GPU current there).
+    Watchdog(double timeout_seconds, std::function<void(const char* name, double seconds)> on_expiry,
+             std::function<void()> on_start = {});
     ~Watchdog();  // stops the thread
     Watchdog(const Watchdog&) = delete;
     Watchdog& operator=(const Watchdog&) = delete;
@@ -31,6 +33,7 @@ private:
     void run();
     const double timeout_;
     const std::function<void(const char*, double)> on_expiry_;
+    const std::function<void()> on_start_;
     std::mutex mutex_;
     std::condition_variable wake_;
     bool stopping_ = false;

@@ -685,6 +685,38 @@ TEST(BadInput, TruncatedCheckpointAndCheckpointOfAnotherModel) {
     expect_clean_failure(dir, "checkpoint.resume=" + (dir / "nowhere").string(), "not a tpsp run directory");
 }
 
+// `tpsp versions` says which file each library was loaded from: the files
+// the dynamic loader resolves for the binary (ldd), and on a CUDA build one
+// for each of cuBLASLt, cuDNN (where built in) and NCCL.
+TEST(Versions, EachLibraryIsNamedWithTheFileTheLoaderResolved) {
+    fs::path dir = scratch_dir();
+    Outcome versions = run(tpsp_binary + " versions", dir);
+    ASSERT_EQ(versions.exit_code, 0) << versions.err;
+    EXPECT_NE(versions.out.find("\nMPI: "), std::string::npos) << versions.out;
+    Outcome ldd = run("ldd " + tpsp_binary, dir);
+    ASSERT_EQ(ldd.exit_code, 0) << ldd.err;
+    std::vector<fs::path> resolved;
+    const std::regex arrow(R"(=> (/\S+) \()");
+    for (std::sregex_iterator m(ldd.out.begin(), ldd.out.end(), arrow), end; m != end; ++m)
+        resolved.push_back((*m)[1].str());
+    const std::regex named(R"(^([A-Za-z ]+): [0-9.]+ \((/[^)]+)\))");
+    std::map<std::string, fs::path> files;
+    std::istringstream lines(versions.out);
+    for (std::string line; std::getline(lines, line);) {
+        std::smatch m;
+        if (!std::regex_search(line, m, named)) continue;
+        files[m[1].str()] = m[2].str();
+        bool found = false;
+        for (const fs::path& r : resolved) found = found || fs::equivalent(r, m[2].str());
+        EXPECT_TRUE(found) << line << ": not a library ldd resolves for tpsp";
+    }
+    if (versions.out.find("build: CUDA on") == std::string::npos) return;
+    std::vector<std::string> expected = {"CUDA runtime", "cuBLASLt", "NCCL"};
+    if (versions.out.find("cuDNN on") != std::string::npos) expected.push_back("cuDNN");
+    for (const std::string& library : expected)
+        EXPECT_TRUE(files.count(library)) << library << " has no file:\n" << versions.out;
+}
+
 TEST(Documentation, DocsConfigHoldsTheConfigReferenceOfTheCode) {
     fs::path dir = scratch_dir();
     Outcome reference = run(tpsp_binary + " config-reference", dir);

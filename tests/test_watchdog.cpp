@@ -52,3 +52,28 @@ TEST(Watchdog, CompletedOperationsAreNeverReported) {
     std::this_thread::sleep_for(std::chrono::duration<double>(5 * timeout));
     EXPECT_EQ(expiry.count, 0);
 }
+
+// The GPU's communicator makes its GPU current on the watchdog's thread
+// before the first event query (else the query would make a context on GPU 0).
+TEST(Watchdog, TheStartHookRunsOnTheWatchdogsThreadBeforeAnyQuery) {
+    std::atomic<bool> started{false};
+    std::promise<std::pair<std::thread::id, bool>> queried;  // the querying thread, and whether the hook ran first
+    auto first_query = queried.get_future();
+    std::thread::id hook_thread;
+    std::atomic<bool> once{false};
+    Watchdog watchdog(
+        timeout, [](const char*, double) {},
+        [&] {
+            hook_thread = std::this_thread::get_id();
+            started = true;
+        });
+    watchdog.watch("all-gather", [&] {
+        if (!once.exchange(true)) queried.set_value({std::this_thread::get_id(), started.load()});
+        return true;
+    });
+    ASSERT_EQ(first_query.wait_for(std::chrono::seconds(30)), std::future_status::ready) << "never queried";
+    const auto [query_thread, hook_ran_first] = first_query.get();
+    EXPECT_TRUE(hook_ran_first);
+    EXPECT_EQ(query_thread, hook_thread);
+    EXPECT_NE(query_thread, std::this_thread::get_id());
+}

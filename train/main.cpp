@@ -7,6 +7,7 @@
 //   tpsp prepare --tokenizer byte|gpt2 INPUT... OUT_DIR [options]
 //   tpsp sample  CHECKPOINT [--prompt TEXT] [--tokens N] ...
 //   tpsp config-reference
+//   tpsp versions
 //
 // The command line is CLI11's: every option is typed and a malformed value
 // is one line naming the option. The experiment itself is the YAML config
@@ -75,6 +76,14 @@ bool built_with_cuda() {
     return true;
 #else
     return false;
+#endif
+}
+
+bool built_with_mpi() {
+#ifdef TPSP_SINGLE_PROCESS_MPI
+    return false;
+#else
+    return true;
 #endif
 }
 
@@ -175,6 +184,23 @@ int command_blas_peak(bool this_process_only) {
     const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
     if (!this_process_only) return measure_every_kernel_set(self.c_str(), omp_get_max_threads());
     std::printf("%.1f\n", measure_sgemm_flops(GemmLibrary::openblas) / 1e9);
+    return 0;
+}
+
+// What this tpsp was built with and the libraries it loaded, one per line:
+// the log of a run on another machine says what actually ran there.
+int command_versions() {
+    std::printf("build: CUDA %s, cuDNN %s, MPI %s\n", built_with_cuda() ? "on" : "off",
+                built_with_cudnn() ? "on" : "off", built_with_mpi() ? "on" : "off (the one-process stand-in)");
+    std::printf("CPU GEMMs: %s\n", blas_kernels_description().c_str());
+    char mpi[MPI_MAX_LIBRARY_VERSION_STRING] = "";
+    int length = 0;
+    MPI_Get_library_version(mpi, &length);
+    const std::string mpi_line(mpi, strcspn(mpi, "\n"));
+    std::printf("MPI: %s\n", mpi_line.c_str());
+#ifdef TPSP_WITH_CUDA
+    for (const std::string& line : CudaBackend::library_versions()) std::printf("%s\n", line.c_str());
+#endif
     return 0;
 }
 
@@ -310,6 +336,7 @@ int run_command(int argc, char** argv, bool lead) {
     add_sample_options(app.add_subcommand("sample", "generate text from a checkpoint (KV cache)"), checkpoint,
                        sample_options);
     app.add_subcommand("config-reference", "every config key, its type and default");
+    app.add_subcommand("versions", "the build's options and the libraries loaded (BLAS, MPI, CUDA, cuDNN, NCCL)");
     bool this_process_only = false;
     app.add_subcommand("blas-peak", "sgemm GFLOP/s of every kernel set this CPU supports; holds the best")
         ->add_flag("--this-process", this_process_only, "only the kernels this process runs (a bare number)");
@@ -335,6 +362,7 @@ int run_command(int argc, char** argv, bool lead) {
     if (command == "bench") return printed(command_bench(cfg, bench_args.path, bench_options), lead);
     if (command == "sample") return printed(sample_command(checkpoint, sample_options), lead);
     if (command == "blas-peak") return printed(command_blas_peak(this_process_only), lead);
+    if (command == "versions") return printed(command_versions(), lead);
     std::fputs(config_reference().c_str(), stdout);  // config-reference
     return printed(0, lead);
 }

@@ -1,7 +1,10 @@
 #include "model/kernels/cuda_device.h"
 
+#include <cstdio>
 #include <stdexcept>
 #include <string>
+
+#include "common/loaded_library.h"
 
 namespace tpsp::gpu {
 
@@ -32,6 +35,47 @@ int cuda_device_count() {
         return 0;
     }
     return count;
+}
+
+// CUDA's 13020 → "13.2"
+static std::string cuda_version_text(int version) {
+    return std::to_string(version / 1000) + "." + std::to_string(version % 1000 / 10);
+}
+
+static std::string from_file(const char* symbol, const char* library = nullptr) {
+    const std::string file = library_file_of(symbol, library);
+    return file.empty() ? "" : " (" + file + ")";
+}
+
+std::vector<std::string> cuda_versions() {
+    std::vector<std::string> lines;
+    int driver = 0, runtime = 0;
+    const bool have_driver = cudaDriverGetVersion(&driver) == cudaSuccess && driver > 0;
+    lines.push_back("CUDA driver: " + (have_driver
+                                           ? cuda_version_text(driver) + from_file("cuDriverGetVersion", "libcuda.so.1")
+                                           : std::string("none loaded")));
+    cudaRuntimeGetVersion(&runtime);
+    lines.push_back("CUDA runtime: " + cuda_version_text(runtime) + from_file("cudaRuntimeGetVersion") +
+                    ", compiled against " + cuda_version_text(CUDART_VERSION));
+    const size_t blas = cublasLtGetVersion();  // major·10000 + minor·100 + patch
+    lines.push_back("cuBLASLt: " + std::to_string(blas / 10000) + "." + std::to_string(blas / 100 % 100) + "." +
+                    std::to_string(blas % 100) + from_file("cublasLtGetVersion"));
+    int count = 0;
+    const cudaError_t status = cudaGetDeviceCount(&count);
+    if (status != cudaSuccess) {
+        lines.push_back(std::string("GPUs: none (") + cudaGetErrorString(status) + ")");
+        cudaGetLastError();
+        return lines;
+    }
+    for (int device = 0; device < count; device++) {
+        cudaDeviceProp p{};
+        if (cudaGetDeviceProperties(&p, device) != cudaSuccess) continue;
+        char line[512];
+        std::snprintf(line, sizeof line, "GPU %d: %s, sm_%d%d, %.1f GiB, %d SMs", device, p.name, p.major, p.minor,
+                      double(p.totalGlobalMem) / double(1 << 30), p.multiProcessorCount);
+        lines.push_back(line);
+    }
+    return lines;
 }
 
 constexpr size_t blas_workspace_bytes = size_t(32) << 20;

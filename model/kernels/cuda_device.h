@@ -2,6 +2,7 @@
 // cuBLASLt handle with its workspace, and device buffers.
 #pragma once
 #include <cstddef>
+#include <string>
 #include <vector>
 
 #include "model/kernels/cuda_kernels.h"
@@ -11,6 +12,11 @@ namespace tpsp::gpu {
 // How many GPUs this process can use: 0 without a driver or a device
 // (cudaGetDeviceCount then fails and leaves its argument unset).
 int cuda_device_count();
+
+// The CUDA driver, runtime and cuBLASLt that this process loaded, each with
+// the file it came from and the version the build was compiled against, then
+// each visible GPU (or why there is none): one line each, for `tpsp versions`.
+std::vector<std::string> cuda_versions();
 
 // One GPU made current for this thread, with its own stream, cuBLASLt
 // handle and 32 MiB of cuBLASLt workspace.

@@ -27,6 +27,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/loaded_library.h"
 #include "model/kernels/cuda_device.h"
 
 namespace tpsp {
@@ -506,13 +507,18 @@ void check_aligned(std::initializer_list<const void*> tensors) {
                 "multiples of 8 keep them so); model.attention: explicit has no such need");
 }
 
-// The seed and offset the RNG reads from device memory, at the start of scratch.
-int64_t* upload_seed(char* at, uint64_t seed) {
-    const int64_t values[2] = {int64_t(seed & 0x7fffffffffffffffull), 0};
+// The seed and offset the RNG reads from device memory, at the start of
+// scratch, each 16-byte aligned as the graph's tensors declare them.
+struct DeviceSeed {
+    int64_t* seed;
+    int64_t* offset;
+};
+DeviceSeed upload_seed(char* at, uint64_t seed) {
+    const int64_t values[4] = {int64_t(seed & 0x7fffffffffffffffull), 0, 0, 0};  // seed at 0, offset 0 at 16
     int64_t* device = reinterpret_cast<int64_t*>(at);
     gpu::check_cuda(cudaMemcpyAsync(device, values, sizeof values, cudaMemcpyHostToDevice, gpu::context().stream),
                     "upload the dropout seed");
-    return device;
+    return {device, device + 2};
 }
 
 // An H100 / H200 (sm_90, 132 SMs) as cuDNN's device-properties JSON: the
@@ -568,7 +574,7 @@ void fused_attention_forward(bf16* out, float* stats, const bf16* qkv, int B, in
     check_aligned({qkv, qkv + C, out, stats});
     Plan& plan = plan_for(s, p, false);
     char* base = scratch().at_least(256 + aligned(size_t(plan.workspace_bytes)));
-    int64_t* rng = upload_seed(base, seed);
+    const DeviceSeed rng = upload_seed(base, seed);
     bf16* q = const_cast<bf16*>(qkv);
     run(plan,
         {{plan.q, q},
@@ -579,8 +585,8 @@ void fused_attention_forward(bf16* out, float* stats, const bf16* qkv, int B, in
          {plan.attention_scale_uid, &plan.attention_scale},
          {plan.lowest_uid, &plan.lowest},
          {plan.dropout_scale_uid, &plan.dropout_scale},
-         {plan.seed, rng},
-         {plan.offset, rng + 1}},
+         {plan.seed, rng.seed},
+         {plan.offset, rng.offset}},
         base + 256);
 }
 
@@ -592,7 +598,7 @@ void fused_attention_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, con
     const size_t rows = size_t(B) * NH * T, accum = rows * (C / NH);
     char* base = scratch().at_least(256 + aligned(rows * 4) + aligned(accum * 4) +
                                     aligned(size_t(plan.workspace_bytes)));
-    int64_t* rng = upload_seed(base, seed);
+    const DeviceSeed rng = upload_seed(base, seed);
     float* softmax_sum = reinterpret_cast<float*>(base + 256);
     float* dq_accum = reinterpret_cast<float*>(base + 256 + aligned(rows * 4));
     gpu::check_cuda(cudaMemsetAsync(dq_accum, 0, accum * 4, gpu::context().stream), "zero dQ's accumulator");
@@ -613,9 +619,19 @@ void fused_attention_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, con
          {plan.lowest_uid, &plan.lowest},
          {plan.keep_uid, &plan.keep},
          {plan.dropout_scale_uid, &plan.dropout_scale},
-         {plan.seed, rng},
-         {plan.offset, rng + 1}},
+         {plan.seed, rng.seed},
+         {plan.offset, rng.offset}},
         base + 256 + aligned(rows * 4) + aligned(accum * 4));
+}
+
+std::string cudnn_version() {
+    const size_t loaded = cudnnGetVersion();  // major·10000 + minor·100 + patch
+    const auto text = [](size_t v) {
+        return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
+    };
+    const std::string file = library_file_of("cudnnGetVersion");
+    return "cuDNN: " + text(loaded) + (file.empty() ? "" : " (" + file + ")") + ", compiled against " +
+           text(CUDNN_VERSION);
 }
 
 }  // namespace tpsp

@@ -11,6 +11,7 @@
 // from the same seed, but it is not the explicit path's mask.
 #pragma once
 #include <cstdint>
+#include <string>
 
 #include "model/kernels/cuda_kernels.h"
 
@@ -37,5 +38,8 @@ struct FusedAttentionPlanCheck {
     int64_t forward_workspace_bytes = 0, backward_workspace_bytes = 0;
 };
 FusedAttentionPlanCheck check_fused_attention_plans_for_hopper(int B, int T, int C, int NH, float p);
+
+// "cuDNN: 9.13.0 (its file), compiled against 9.x.y": the cuDNN that loaded.
+std::string cudnn_version();
 
 }  // namespace tpsp

@@ -17,7 +17,9 @@ struct MPI_Status {
     int MPI_SOURCE, MPI_TAG, MPI_ERROR;
 };
 
+#define TPSP_SINGLE_PROCESS_MPI 1  // what `tpsp versions` reports
 #define MPI_SUCCESS 0
+#define MPI_MAX_LIBRARY_VERSION_STRING 64
 #define MPI_COMM_NULL 0
 #define MPI_COMM_WORLD 1
 #define MPI_REQUEST_NULL 0
@@ -53,6 +55,12 @@ inline int MPI_Init(int*, char***) {
     return MPI_SUCCESS;
 }
 inline int MPI_Finalize() { return MPI_SUCCESS; }
+inline int MPI_Get_library_version(char* version, int* length) {
+    const char text[] = "none: the one-process stand-in (-DTPSP_MPI=OFF)";
+    std::memcpy(version, text, sizeof text);
+    *length = int(sizeof text) - 1;
+    return MPI_SUCCESS;
+}
 inline int MPI_Comm_rank(MPI_Comm, int* rank) {
     *rank = 0;
     return MPI_SUCCESS;
