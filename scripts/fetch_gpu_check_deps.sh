@@ -9,6 +9,7 @@ packages=(libopenblas0-openmp libopenblas-openmp-dev libgfortran5 libyaml-cpp0.7
   nlohmann-json3-dev libpcre2-8-0 libpcre2-dev libcli11-dev)
 mkdir -p .gpu_deps
 (cd .gpu_deps && apt-get download "${packages[@]}" 2> /dev/null)
+printf '%s\n' "${packages[@]}" > .gpu_deps/packages.txt  # what gpu_check.sh checks it has
 [ -x build/tpsp ] || scripts/build.sh
 scripts/prepare_corpus.sh
 du -sh .gpu_deps data/kjv

@@ -1,85 +1,254 @@
 #!/usr/bin/env bash
-# The GPU check, in one command, on a bare GPU box (nvcc, CMake, ninja; no
-# package manager, no MPI), at most ~8 minutes on one H200:
-#   1. unpacks .gpu_deps/*.deb (from scripts/fetch_gpu_check_deps.sh) into /tmp/tpsp_deps
-#   2. builds with CUDA for sm_90 and without MPI (the one-process stand-in) into build-gpu/
-#   3. runs the GPU tests: every kernel against its CPU twin, the model against the CPU model
-#   4. trains configs/tiny.yaml for 200 steps on the GPU (data/kjv, carried), then 100 with cuDNN's attention
-#   5. benchmarks GPT-2 124M at B = 16, T = 1024, explicit and cuDNN attention: tokens/s, MFU against the
-#      bf16 peak, activation bytes, and the time of each part of a step (--breakdown)
-#   6. the same benchmark with dropout 0.1 under each model.recompute mode: time and the arenas' bytes
-# The log goes to stdout and to $OUT/gpu_check.log (OUT: the device tool's folder; /tmp otherwise).
-# Every step has its own time limit, so that one that hangs leaves time for the rest.
-# A step that fails is named and the rest still run; the script then exits 1 and names every
-# failed step last. The dependencies and the build stop it at once: nothing after them could run.
-set -euo pipefail
+# The GPU check, in one command, on a bare GPU box (nvcc, CMake, ninja, Python with PyTorch; no package
+# manager, no MPI), within a budget of 8 minutes (TPSP_GPU_CHECK_BUDGET seconds) on one H200:
+#   1. unpacks .gpu_deps/*.deb (from scripts/fetch_gpu_check_deps.sh) into /tmp/tpsp_deps; finds NCCL and
+#      cuDNN in the CUDA toolkit, else in PyTorch's NVIDIA wheels
+#   2. builds tpsp and tpsp_gpu_tests with CUDA for sm_90 and without MPI into build-gpu/
+#   3. `tpsp versions`: the driver, CUDA runtime, cuBLASLt, cuDNN and NCCL that loaded, each with its file,
+#      which must be the files CMake linked
+#   4. the GPU tests (every kernel against its CPU twin, the model against the CPU model); a skipped test
+#      fails the step (on this box a skip means the tests saw no GPU)
+#   5. trains configs/tiny.yaml for 200 steps on the GPU, explicit attention then cuDNN's, each loss curve
+#      against the CPU reference tests/reference/gpu_check_tiny_cpu.json (scripts/loss_curve.py)
+#   6. benchmarks GPT-2 124M at b = 16, s = 1024, explicit and cuDNN attention (tokens/s, MFU against the
+#      bf16 peak, the time of each part), the bf16 memory table, and the three recompute modes
+#   7. PyTorch's GPT-2 124M on the same shape (scripts/bench_torch_gpu.py): the baseline beside tpsp's
+# Every step runs under `timeout -k` (SIGTERM, then SIGKILL 10 s later: the trainer defers SIGTERM to the
+# end of its step, so a hung step is still killed) with its own limit, cut to what is left of the budget;
+# a step that finds the budget spent is skipped and counts as failed. The dependencies and the build stop
+# the check at once. The log goes to stdout and to $OUT/gpu_check.log (OUT: the device tool's folder;
+# /tmp otherwise); it ends with one table of every step and the figures. Exits 1 if any step failed.
+#
+#   scripts/gpu_check.sh --rehearse   the steps that need no GPU (1-3), as the box would run them; see
+#                                     scripts/gpu_check_rehearsal.sh for running it without this machine's
+#                                     -dev packages
+set -uo pipefail
 cd "$(dirname "$0")/.."
-log="${OUT:-/tmp}/gpu_check.log"
-exec > >(tee "$log") 2>&1
-step() { echo; echo "== $* ($(date +%T))"; }
-failures=()
-failed() {
-  echo "$1 FAILED"
-  failures+=("$1")
+rehearse=0
+[ "${1:-}" = "--rehearse" ] && rehearse=1
+out="${OUT:-/tmp}"
+log="$out/gpu_check.log"
+: > "$log"
+budget="${TPSP_GPU_CHECK_BUDGET:-480}"
+jobs="$(nproc)"
+deps=/tmp/tpsp_deps
+steps=()   # "name|verdict|seconds", in order
+figures=() # lines for the table's second part
+
+say() { echo "$*" | tee -a "$log"; }
+
+# run_step NAME LIMIT COMMAND...: runs COMMAND under timeout -k 10, its limit cut to the budget left;
+# its output to stdout and the log. Returns COMMAND's status (non-zero: timed out, failed or skipped).
+run_step() {
+  local name=$1 limit=$2
+  shift 2
+  local left=$((budget - SECONDS))
+  if [ "$left" -lt 20 ]; then
+    say "== $name: skipped, the check's budget of ${budget} s is spent"
+    steps+=("$name|SKIPPED (budget spent)|0")
+    return 1
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  say ""
+  say "== $name (limit ${limit} s, $(date +%T), ${SECONDS} s into the check)"
+  local started=$SECONDS
+  # (through bash, so that COMMAND may be one of this script's functions, exported below)
+  timeout -k 10 "$limit" bash -c '"$@"' "$name" "$@" 2>&1 | tee -a "$log"
+  local status=${PIPESTATUS[0]}
+  local took=$((SECONDS - started))
+  local verdict=ok
+  if [ "$status" -eq 124 ] || [ "$status" -eq 137 ]; then
+    verdict="FAILED (timed out after ${limit} s)"
+  elif [ "$status" -ne 0 ]; then
+    verdict="FAILED (exit $status)"
+  fi
+  [ "$verdict" = ok ] || say "$name $verdict"
+  steps+=("$name|$verdict|$took")
+  return "$status"
 }
 
-step "dependencies"
-deps=/tmp/tpsp_deps
+summary() {
+  say ""
+  say "== summary ($(date +%T), ${SECONDS} s of a budget of ${budget} s)"
+  local failed=0 row name verdict took
+  for row in "${steps[@]}"; do
+    IFS='|' read -r name verdict took <<< "$row"
+    printf '%-44s %-32s %5s s\n' "$name" "$verdict" "$took" | tee -a "$log"
+    [ "$verdict" = ok ] || failed=$((failed + 1))
+  done
+  if [ ${#figures[@]} -gt 0 ]; then
+    say ""
+    for row in "${figures[@]}"; do say "$row"; done
+  fi
+  say ""
+  if [ "$failed" -gt 0 ]; then
+    say "gpu_check: $failed step(s) failed"
+    exit 1
+  fi
+  say "gpu_check: every step passed"
+  exit 0
+}
+
+# --- 1. dependencies --------------------------------------------------------------------------------
+# the carried packages, and where NCCL and cuDNN come from: the toolkit's where it has them (CMake looks
+# there first), else the directory of PyTorch's NVIDIA wheels that holds the library and its header
+# (every package of the list fetch_gpu_check_deps.sh wrote must have come: one line names a missing one)
+unpack() {
+  local fetch="run scripts/fetch_gpu_check_deps.sh where apt works, and carry .gpu_deps and data/kjv"
+  [ -f .gpu_deps/packages.txt ] || { echo "gpu_check: no .gpu_deps/packages.txt: $fetch"; return 1; }
+  local package deb
+  for package in $(cat .gpu_deps/packages.txt); do
+    deb=$(ls .gpu_deps/"${package}"_*.deb 2> /dev/null | head -1)
+    [ -n "$deb" ] || { echo "gpu_check: .gpu_deps lacks the package $package: $fetch"; return 1; }
+    dpkg -x "$deb" "$deps" || { echo "gpu_check: dpkg -x $deb failed"; return 1; }
+  done
+  [ -f data/kjv/train_000000.bin ] || { echo "gpu_check: no data/kjv/train_000000.bin: $fetch"; return 1; }
+}
+# wheel_root LIBRARY HEADER: the folder of the wheels holding lib/LIBRARY and include/HEADER
+wheel_root() {
+  local nvidia lib
+  nvidia=$(python3 -c "import nvidia; print(list(nvidia.__path__)[0])" 2> /dev/null) || return 0
+  for lib in $(find "$nvidia" -name "$1" 2> /dev/null); do
+    local root
+    root=$(dirname "$(dirname "$lib")")
+    if [ -f "$root/include/$2" ]; then
+      echo "$root"
+      return 0
+    fi
+  done
+}
+toolkit=$(dirname "$(dirname "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")")
+in_toolkit() { ls "$toolkit"/lib*/"$1" "$toolkit"/targets/*/lib/"$1" > /dev/null 2>&1; }
+export deps jobs
+export -f unpack
 mkdir -p "$deps"
-for f in .gpu_deps/*.deb; do dpkg -x "$f" "$deps"; done
-# NCCL and cuDNN: the toolkit's where it has them (CMake looks there first), else PyTorch's wheels;
-# a wheel's cuDNN loads NVRTC and cuBLAS of its own CUDA version, from their wheels
-wheel() { python3 -c "import nvidia.$1 as m; print(list(m.__path__)[0])" 2> /dev/null || true; }
-nccl_root=$(wheel nccl)
-cudnn_root=$(wheel cudnn)
-libs="$deps/usr/lib/x86_64-linux-gnu:$deps/usr/lib/x86_64-linux-gnu/openblas-openmp"
-for w in nccl cudnn cuda_nvrtc cublas; do
-  root=$(wheel $w)
-  if [ -n "$root" ]; then libs="$libs:$root/lib"; fi
+run_step "dependencies (.gpu_deps, data/kjv)" 60 unpack || summary
+nccl_root=""
+cudnn_root=""
+in_toolkit libnccl.so.2 || nccl_root=$(wheel_root 'libnccl.so*' nccl.h)
+in_toolkit libcudnn.so.9 || cudnn_root=$(wheel_root 'libcudnn.so*' cudnn.h)
+say "NCCL from ${nccl_root:-the toolkit ($toolkit)}; cuDNN from ${cudnn_root:-the toolkit ($toolkit)}"
+nvidia-smi -L 2>&1 | tee -a "$log"
+nvcc --version 2>&1 | tail -1 | tee -a "$log"
+
+# --- 2. build -----------------------------------------------------------------------------------------
+build() {
+  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DTPSP_CUDA=ON -DTPSP_MPI=OFF \
+    -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH="$deps/usr" ${nccl_root:+-DNCCL_ROOT="$nccl_root"} \
+    ${cudnn_root:+-DCUDNN_ROOT="$cudnn_root"} > /dev/null &&
+    cmake --build build-gpu -j"$jobs" --target tpsp tpsp_gpu_tests
+}
+export nccl_root cudnn_root
+export -f build
+run_step "build (CUDA, sm_90, no MPI)" 300 build || summary
+
+# The libraries at run time: first the folders of what CMake linked (LD_LIBRARY_PATH outranks the
+# binary's RUNPATH, so nothing may come before them), then the carried packages, then the wheels'
+# shared folder (cuDNN from a wheel loads NVRTC and cuBLAS of its CUDA version from there).
+cached() { sed -n "s/^$1:[A-Z]*=//p" build-gpu/CMakeCache.txt; }
+linked_nccl=$(cached NCCL_LIBRARY)
+linked_cudnn=$(cached CUDNN_LIBRARY)
+libs=""
+for f in "$linked_nccl" "$linked_cudnn"; do
+  [ -n "$f" ] && [ "${f%-NOTFOUND}" = "$f" ] && libs="$libs:$(dirname "$(readlink -f "$f")")"
 done
-export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-echo "NCCL from ${nccl_root:-the toolkit}, cuDNN from ${cudnn_root:-the toolkit}"
-nvidia-smi -L || true
-nvcc --version | tail -1
+libs="$libs:$deps/usr/lib/x86_64-linux-gnu:$deps/usr/lib/x86_64-linux-gnu/openblas-openmp"
+shared_wheels=$(python3 -c "import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], 'cu13', 'lib'))" \
+  2> /dev/null || true)
+[ -n "$shared_wheels" ] && [ -d "$shared_wheels" ] && libs="$libs:$shared_wheels"
+export LD_LIBRARY_PATH="${libs#:}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
-step "build (CUDA, sm_90, no MPI)"
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DTPSP_CUDA=ON -DTPSP_MPI=OFF \
-  -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH="$deps/usr" ${nccl_root:+-DNCCL_ROOT="$nccl_root"} \
-  ${cudnn_root:+-DCUDNN_ROOT="$cudnn_root"} > /dev/null
-cmake --build build-gpu -j"$(nproc)" --target tpsp tpsp_gpu_tests
-
-step "GPU tests (one process each: a kernel that faults cannot take the others down)"
-ctest --test-dir build-gpu -R 'CudaKernels|CudaModel|FusedAttention' --output-on-failure --timeout 90 ||
-  failed "GPU TESTS"
-
-step "tiny config, 200 steps on the GPU"
-timeout 120 build-gpu/tpsp train configs/tiny.yaml train.device=cuda train.steps=200 train.val_every=100 \
-  checkpoint.dir= logging.metrics= logging.every=20 || failed "TRAINING"
-
-step "tiny config, 100 steps with cuDNN's fused attention"
-timeout 120 build-gpu/tpsp train configs/tiny.yaml train.device=cuda model.attention=cudnn train.steps=100 \
-  train.val_every=100 checkpoint.dir= logging.metrics= logging.every=20 || failed "CUDNN TRAINING"
-
-step "benchmark: GPT-2 124M, B = 16, T = 1024"
-timeout 120 build-gpu/tpsp bench configs/gpt2_124m.yaml train.device=cuda train.batch_size=16 train.seq_len=1024 \
-  model.dropout=0 --steps 10 --breakdown || failed "BENCHMARK"
-build-gpu/tpsp memory configs/gpt2_124m.yaml train.device=cuda train.batch_size=16 train.seq_len=1024 |
-  grep -E "^model:|formula per block|table per block|saved activations:" || failed "MEMORY TABLE"
-
-step "benchmark: the same with cuDNN's fused attention"
-timeout 120 build-gpu/tpsp bench configs/gpt2_124m.yaml train.device=cuda train.batch_size=16 \
-  train.seq_len=1024 model.dropout=0 model.attention=cudnn --steps 10 --breakdown || failed "CUDNN BENCHMARK"
-build-gpu/tpsp memory configs/gpt2_124m.yaml train.device=cuda train.batch_size=16 train.seq_len=1024 \
-  model.attention=cudnn | grep -E "formula per block|table per block|saved activations:" || failed "CUDNN MEMORY TABLE"
-
-step "recomputation: GPT-2 124M, B = 16, T = 1024, dropout 0.1, none / selective / full"
-for mode in none selective full; do
-  timeout 120 build-gpu/tpsp bench configs/gpt2_124m.yaml train.device=cuda train.batch_size=16 \
-    train.seq_len=1024 model.dropout=0.1 model.recompute=$mode --steps 5 || failed "RECOMPUTE $mode BENCHMARK"
-done
-
-step "done"
-if [ ${#failures[@]} -gt 0 ]; then
-  printf 'failed steps: %s\n' "${failures[*]}"
-  exit 1
+# --- 3. the libraries that load --------------------------------------------------------------------------
+# tpsp versions names each library with the file it came from; NCCL's and cuDNN's must be CMake's
+versions() {
+  local printed
+  printed=$(build-gpu/tpsp versions) || return 1
+  echo "$printed"
+  local name file loaded
+  for pair in "NCCL|$linked_nccl" "cuDNN|$linked_cudnn"; do
+    IFS='|' read -r name file <<< "$pair"
+    [ -z "$file" ] || [ "${file%-NOTFOUND}" != "$file" ] && continue
+    loaded=$(echo "$printed" | sed -n "s/^$name: [^(]*(\([^)]*\)).*/\1/p")
+    if [ -z "$loaded" ] || [ "$(readlink -f "$loaded")" != "$(readlink -f "$file")" ]; then
+      echo "gpu_check: the $name that loaded (${loaded:-no file}) is not the one CMake linked ($file)"
+      return 1
+    fi
+  done
+}
+export linked_nccl linked_cudnn
+export -f versions
+run_step "versions (what loaded, from the binary)" 30 versions
+if [ "$rehearse" -eq 1 ]; then
+  say "gpu_check --rehearse: the steps that need a GPU are left out"
+  summary
 fi
+
+# --- 4. GPU tests ---------------------------------------------------------------------------------------
+gpu_tests() {
+  local result
+  result=$(mktemp)
+  ctest --test-dir build-gpu -R 'CudaKernels|CudaModel' --no-tests=error --output-on-failure --timeout 60 \
+    -j1 | tee "$result"
+  local status=${PIPESTATUS[0]}
+  if grep -q '(Skipped)\|Not Run' "$result"; then
+    echo "gpu_check: GPU tests skipped: they saw no GPU"
+    status=1
+  fi
+  rm -f "$result"
+  return "$status"
+}
+export -f gpu_tests
+run_step "GPU tests (ctest, one process each)" 150 gpu_tests
+
+# --- 5. training against the CPU's loss curve -----------------------------------------------------------
+reference=tests/reference/gpu_check_tiny_cpu.json
+train_tiny() {  # train_tiny METRICS [overrides...]
+  local metrics=$1
+  shift
+  rm -f "$metrics"
+  build-gpu/tpsp train configs/tiny.yaml train.device=cuda train.steps=200 train.val_every=100 checkpoint.dir= \
+    logging.every=20 logging.metrics="$metrics" "$@" &&
+    python3 scripts/loss_curve.py compare "$reference" "$metrics"
+}
+export reference
+export -f train_tiny
+run_step "tiny, 200 steps, explicit attention vs CPU curve" 90 train_tiny /tmp/tpsp_tiny_explicit.jsonl
+run_step "tiny, 200 steps, cuDNN attention vs CPU curve" 90 train_tiny /tmp/tpsp_tiny_cudnn.jsonl \
+  model.attention=cudnn
+
+# --- 6. tpsp's benchmarks at GPT-2 124M ---------------------------------------------------------------------
+gpt2="configs/gpt2_124m.yaml train.device=cuda train.batch_size=16 train.seq_len=1024"  # words, no spaces
+bench() {  # bench FIGURE_NAME [overrides and options...]
+  local name=$1 text
+  shift
+  text=$(build-gpu/tpsp bench $gpt2 "$@") || { echo "$text"; return 1; }
+  echo "$text"
+  echo "$text" | grep -m1 "tok/s" |
+    sed -E "s/.*fwd\+bwd ([0-9.]+ ms).*\| ([0-9]+ tok\/s) \|.*MFU ([0-9.]+%).*/$name: fwd+bwd \1 | \2 | MFU \3/" \
+      >> /tmp/tpsp_figures
+}
+: > /tmp/tpsp_figures
+export gpt2
+export -f bench
+run_step "bench GPT-2 124M, explicit attention" 60 bench "tpsp explicit" model.dropout=0 --steps 10 --breakdown
+run_step "memory table GPT-2 124M (bf16)" 30 build-gpu/tpsp memory $gpt2
+run_step "bench GPT-2 124M, cuDNN attention" 60 bench "tpsp cuDNN" model.dropout=0 model.attention=cudnn \
+  --steps 10 --breakdown
+for mode in none selective full; do
+  run_step "bench GPT-2 124M, dropout 0.1, recompute $mode" 45 bench "tpsp recompute=$mode" model.dropout=0.1 \
+    model.recompute=$mode --steps 5
+done
+
+# --- 7. the PyTorch baseline ------------------------------------------------------------------------------
+torch_bench() {
+  local text
+  text=$(PYTHONUNBUFFERED=1 python3 scripts/bench_torch_gpu.py --batch 16 --seq 1024 --steps 10) ||
+    { echo "$text"; return 1; }
+  echo "$text"
+  echo "$text" | grep "tok/s" >> /tmp/tpsp_figures
+}
+export -f torch_bench
+run_step "PyTorch GPT-2 124M (bf16 autocast, SDPA, fused AdamW)" 90 torch_bench
+
+while IFS= read -r line; do figures+=("$line"); done < /tmp/tpsp_figures
+summary

@@ -182,3 +182,71 @@ TEST_F(CudaModel, RecomputationGivesTheSameLossAndGradients) {
         EXPECT_LT(relative_error(recomputed_grads.data(), kept_grads.data(), int64_t(kept_grads.size())), 1e-5);
     }
 }
+
+namespace {
+
+std::vector<float> random_floats(int64_t n, uint32_t seed, float scale) {
+    std::vector<float> x(static_cast<size_t>(n));
+    uint32_t state = seed;
+    for (float& v : x) {
+        state = state * 1664525u + 1013904223u;  // LCG: reproducible, no <random> distribution differences
+        v = scale * (float(state >> 8) / 8388608.0f - 1.0f);
+    }
+    return x;
+}
+
+// fp32 buffers on the device, uploaded from the host
+struct DeviceFloats {
+    explicit DeviceFloats(const std::vector<float>& host) : data(host.size()) {
+        CudaBackend::upload(data.data(), host.data(), sizeof(float) * host.size());
+    }
+    std::vector<float> host() const { return download_floats(data.data(), int64_t(data.size())); }
+    gpu::DeviceBuffer<float> data;
+};
+
+}  // namespace
+
+// The device AdamW against the CPU's on the same fp32 parameters, gradients
+// and moments, five steps, weight decay on and off, a clip factor in
+// grad_scale, a length that is no multiple of the block. Both are fp32 with
+// the same formula; they differ only where nvcc contracts a multiply-add or
+// rounds sqrt/division differently (a few ulp per step), so 1e-6 relative.
+TEST_F(CudaModel, AdamWMatchesTheCpuUpdateStepByStep) {
+    const int64_t n = 100003;
+    for (float weight_decay : {0.0f, 0.1f}) {
+        SCOPED_TRACE("weight decay " + std::to_string(weight_decay));
+        std::vector<float> params = random_floats(n, 1, 0.5f), m(n, 0.0f), v(n, 0.0f);
+        DeviceFloats d_params(params), d_m(m), d_v(v);
+        for (int step = 1; step <= 5; step++) {
+            const std::vector<float> grads = random_floats(n, 100 + step, 2.0f);
+            DeviceFloats d_grads(grads);
+            const float beta1 = 0.9f, beta2 = 0.95f;
+            const AdamWStep s{6e-4f,
+                              beta1,
+                              beta2,
+                              1e-8f,
+                              0.7f,
+                              1.0f - std::pow(beta1, float(step)),
+                              1.0f - std::pow(beta2, float(step))};
+            CpuBackend::adamw_update(params.data(), grads.data(), m.data(), v.data(), n, weight_decay, s);
+            CudaBackend::adamw_update(d_params.data.data(), d_grads.data.data(), d_m.data.data(), d_v.data.data(), n,
+                                      weight_decay, s);
+            EXPECT_LT(relative_error(d_params.host().data(), params.data(), n), 1e-6) << "params, step " << step;
+            EXPECT_LT(relative_error(d_m.host().data(), m.data(), n), 1e-6) << "m, step " << step;
+            EXPECT_LT(relative_error(d_v.host().data(), v.data(), n), 1e-6) << "v, step " << step;
+        }
+    }
+}
+
+// The gradient norm's two sums (the clip and the non-finite guard read them):
+// one kernel over ranges of a buffer, against the CPU's, in double. The order
+// of the additions differs (atomics), so 1e-12 relative.
+TEST_F(CudaModel, SquareSumsMatchTheCpuOverRanges) {
+    const std::vector<float> x = random_floats(300007, 7, 3.0f);
+    const std::vector<SquareSumRange> ranges = {{0, 1000, 0}, {1000, 150000, 1}, {151000, 7, 0}, {151007, 149000, 1}};
+    DeviceFloats d_x(x);
+    double cpu[2], gpu_sums[2];
+    CpuBackend::square_sums(x.data(), ranges, cpu);
+    CudaBackend::square_sums(d_x.data.data(), ranges, gpu_sums);
+    for (int part = 0; part < 2; part++) EXPECT_NEAR(gpu_sums[part], cpu[part], 1e-12 * cpu[part]) << "sum " << part;
+}
