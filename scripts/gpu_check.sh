@@ -138,6 +138,10 @@ build() {
     ${cudnn_root:+-DCUDNN_ROOT="$cudnn_root"} > /dev/null &&
     cmake --build build-gpu -j"$jobs" --target tpsp tpsp_gpu_tests
 }
+# the carried libraries are needed during the build too: gtest_discover_tests runs the test binary
+carried_libs="$deps/usr/lib/x86_64-linux-gnu:$deps/usr/lib/x86_64-linux-gnu/openblas-openmp"
+outer_libs="${LD_LIBRARY_PATH:-}"
+export LD_LIBRARY_PATH="$carried_libs${outer_libs:+:$outer_libs}"
 export nccl_root cudnn_root
 export -f build
 run_step "build (CUDA, sm_90, no MPI)" 300 build || summary
@@ -152,11 +156,11 @@ libs=""
 for f in "$linked_nccl" "$linked_cudnn"; do
   [ -n "$f" ] && [ "${f%-NOTFOUND}" = "$f" ] && libs="$libs:$(dirname "$(readlink -f "$f")")"
 done
-libs="$libs:$deps/usr/lib/x86_64-linux-gnu:$deps/usr/lib/x86_64-linux-gnu/openblas-openmp"
+libs="$libs:$carried_libs"
 shared_wheels=$(python3 -c "import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], 'cu13', 'lib'))" \
   2> /dev/null || true)
 [ -n "$shared_wheels" ] && [ -d "$shared_wheels" ] && libs="$libs:$shared_wheels"
-export LD_LIBRARY_PATH="${libs#:}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export LD_LIBRARY_PATH="${libs#:}${outer_libs:+:$outer_libs}"
 
 # --- 3. the libraries that load --------------------------------------------------------------------------
 # tpsp versions names each library with the file it came from; NCCL's and cuDNN's must be CMake's
@@ -178,12 +182,7 @@ versions() {
 export linked_nccl linked_cudnn
 export -f versions
 run_step "versions (what loaded, from the binary)" 30 versions
-if [ "$rehearse" -eq 1 ]; then
-  say "gpu_check --rehearse: the steps that need a GPU are left out"
-  summary
-fi
-
-# --- 4. GPU tests ---------------------------------------------------------------------------------------
+# step 4, defined here: the rehearsal shows that without a GPU it fails (every test skips)
 gpu_tests() {
   local result
   result=$(mktemp)
@@ -198,22 +197,33 @@ gpu_tests() {
   return "$status"
 }
 export -f gpu_tests
-run_step "GPU tests (ctest, one process each)" 150 gpu_tests
-
-# --- 5. training against the CPU's loss curve -----------------------------------------------------------
+expect_failure() { ! "$@"; }
+export -f expect_failure
+# the training of step 5, and for the rehearsal the same on the CPU (the script, the data, the curve check)
 reference=tests/reference/gpu_check_tiny_cpu.json
-train_tiny() {  # train_tiny METRICS [overrides...]
-  local metrics=$1
-  shift
+train_tiny() {  # train_tiny DEVICE METRICS [overrides...]
+  local device=$1 metrics=$2
+  shift 2
   rm -f "$metrics"
-  build-gpu/tpsp train configs/tiny.yaml train.device=cuda train.steps=200 train.val_every=100 checkpoint.dir= \
+  build-gpu/tpsp train configs/tiny.yaml train.device="$device" train.steps=200 train.val_every=100 checkpoint.dir= \
     logging.every=20 logging.metrics="$metrics" "$@" &&
     python3 scripts/loss_curve.py compare "$reference" "$metrics"
 }
 export reference
 export -f train_tiny
-run_step "tiny, 200 steps, explicit attention vs CPU curve" 90 train_tiny /tmp/tpsp_tiny_explicit.jsonl
-run_step "tiny, 200 steps, cuDNN attention vs CPU curve" 90 train_tiny /tmp/tpsp_tiny_cudnn.jsonl \
+if [ "$rehearse" -eq 1 ]; then
+  run_step "tiny, 200 steps on the CPU vs CPU curve" 120 train_tiny cpu /tmp/tpsp_tiny_cpu.jsonl
+  run_step "GPU tests fail where they see no GPU" 120 expect_failure gpu_tests
+  say "gpu_check --rehearse: the steps that need a GPU are left out"
+  summary
+fi
+
+# --- 4. GPU tests ---------------------------------------------------------------------------------------
+run_step "GPU tests (ctest, one process each)" 150 gpu_tests
+
+# --- 5. training against the CPU's loss curve -----------------------------------------------------------
+run_step "tiny, 200 steps, explicit attention vs CPU curve" 90 train_tiny cuda /tmp/tpsp_tiny_explicit.jsonl
+run_step "tiny, 200 steps, cuDNN attention vs CPU curve" 90 train_tiny cuda /tmp/tpsp_tiny_cudnn.jsonl \
   model.attention=cudnn
 
 # --- 6. tpsp's benchmarks at GPT-2 124M ---------------------------------------------------------------------
