@@ -1,6 +1,7 @@
 #include "common/files.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -29,7 +30,26 @@ bool sync_directory(const std::string& dir) {
 
 }  // namespace
 
+void check_regular_input(const std::string& path, const std::string& what) {
+    struct stat status {};
+    if (::stat(path.c_str(), &status) != 0) return;  // the open that follows says why it cannot
+    if (S_ISREG(status.st_mode)) return;
+    const char* kind = S_ISDIR(status.st_mode)    ? "a directory"
+                       : S_ISFIFO(status.st_mode) ? "a FIFO"
+                       : S_ISSOCK(status.st_mode) ? "a socket"
+                                                  : "a device";
+    throw FileError(path + ": the " + what + " is " + kind + ", not a regular file");
+}
+
+FILE* open_input_file(const std::string& path, const std::string& what) {
+    check_regular_input(path, what);
+    FILE* f = std::fopen(path.c_str(), "rb");
+    if (!f) throw FileError(path + ": cannot open " + what);
+    return f;
+}
+
 std::string read_whole_file(const std::string& path, const std::string& what) {
+    check_regular_input(path, what);
     std::ifstream in(path, std::ios::binary);
     if (!in) throw FileError(path + ": cannot open " + what);
     std::stringstream ss;

@@ -11,7 +11,16 @@
 
 namespace tpsp {
 
-// The whole file; if it cannot be opened, a FileError "PATH: cannot open WHAT".
+// An input must be a regular file (links followed): a directory, a FIFO (whose
+// open would block until a writer comes) or a device is a FileError naming
+// PATH, WHAT and what it is, before anything opens it.
+void check_regular_input(const std::string& path, const std::string& what);
+
+// PATH opened for reading after check_regular_input; a FileError
+// "PATH: cannot open WHAT" if it cannot be. The caller closes it.
+FILE* open_input_file(const std::string& path, const std::string& what);
+
+// The whole file, read as open_input_file opens it.
 std::string read_whole_file(const std::string& path, const std::string& what);
 
 // The names tpsp gives its temporaries, and the only names it ever cleans

@@ -97,7 +97,7 @@ void prepare_shards(const std::vector<std::string>& inputs, const std::string& o
     int64_t total = 0;
     for (const std::string& input : inputs) {
         std::error_code ec;
-        if (!std::filesystem::is_regular_file(input, ec)) throw FileError(input + ": not a regular file");
+        check_regular_input(input, "input");
         uintmax_t size = std::filesystem::file_size(input, ec);
         if (ec) throw FileError(input + ": cannot open input text");
         total += int64_t(size);

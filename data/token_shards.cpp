@@ -25,8 +25,7 @@ std::vector<std::string> expand_shard_glob(const std::string& pattern) {
     }
     globfree(&found);
     if (paths.empty()) throw FileError(pattern + ": no token shard matches");
-    for (const std::string& path : paths)
-        if (!std::filesystem::is_regular_file(path)) throw FileError(path + ": not a regular file");
+    for (const std::string& path : paths) check_regular_input(path, "token shard");
     return paths;  // glob sorts
 }
 
@@ -41,8 +40,7 @@ void check_train_and_val_apart(const std::string& train_pattern, const std::stri
 
 // Returns the number of tokens that the header announces, after checking it.
 static int64_t read_shard_header(const std::string& path) {
-    FILE* f = std::fopen(path.c_str(), "rb");
-    if (!f) throw FileError(path + ": cannot open token shard");
+    FILE* f = open_input_file(path, "token shard");
     int header[256];
     size_t got = std::fread(header, sizeof(int), 256, f);
     std::fclose(f);
@@ -87,8 +85,7 @@ void TokenLoader::load_shard(size_t index) {
     const std::string& path = paths_[index];
     tokens_.resize(size_t(read_shard_header(path)));
     uint32_t header[256];
-    FILE* f = std::fopen(path.c_str(), "rb");
-    if (!f) throw FileError(path + ": cannot open token shard");
+    FILE* f = open_input_file(path, "token shard");
     const bool whole = std::fread(header, 4, 256, f) == 256 &&
                        std::fread(tokens_.data(), 2, tokens_.size(), f) == tokens_.size();
     std::fclose(f);

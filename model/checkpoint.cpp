@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common/checksum.h"
+#include "common/files.h"
 
 namespace tpsp {
 
@@ -17,8 +18,7 @@ static std::string describe(const GPTConfig& c) {
 }
 
 GPTConfig read_checkpoint_config(const std::string& path) {
-    FILE* f = std::fopen(path.c_str(), "rb");
-    if (!f) throw FileError(path + ": cannot open checkpoint");
+    FILE* f = open_input_file(path, "checkpoint");
     int header[256];
     size_t got = std::fread(header, sizeof(int), 256, f);
     std::fclose(f);
@@ -78,8 +78,7 @@ void read_checkpoint_shard(const GPTConfig& config, int t, int rank, const std::
     const GPTConfig c = read_checkpoint_config(path);  // its header bounded, the file's size checked against it
     uint32_t header[256];
     std::vector<float> full(static_cast<size_t>(full_parameter_count(c)));
-    FILE* f = std::fopen(path.c_str(), "rb");
-    if (!f) throw FileError(path + ": cannot open checkpoint");
+    FILE* f = open_input_file(path, "checkpoint");
     const bool whole = std::fread(header, 4, 256, f) == 256 &&
                        std::fread(full.data(), 4, full.size(), f) == full.size();
     std::fclose(f);

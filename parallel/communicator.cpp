@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <string>
+#include <vector>
 
 namespace tpsp {
 
@@ -12,8 +14,43 @@ static double peer_timeout_seconds = 300.0;
 void set_peer_timeout(double seconds) { peer_timeout_seconds = seconds; }
 double peer_timeout() { return peer_timeout_seconds; }
 
+// The ranks of comm that do not answer a roll call within `seconds`. Every
+// rank still running the job's collective times out too and calls the roll
+// (each rank's deadline starts when it entered, so they come within a
+// moment of each other): each sends its rank to every other and listens for
+// theirs. The ones never heard from are the stopped ones, or ranks that are
+// somewhere else entirely.
+static constexpr int roll_call_tag = 32766;  // MPI guarantees tags up to 32767; rings use their step
+static std::vector<int> ranks_not_answering(MPI_Comm comm, int rank, int size, double seconds) {
+    std::vector<int> heard(size_t(size), 0);
+    std::vector<MPI_Request> sends(size_t(size), MPI_REQUEST_NULL), receives(size_t(size), MPI_REQUEST_NULL);
+    for (int peer = 0; peer < size; peer++) {
+        if (peer == rank) continue;
+        MPI_Isend(&rank, 1, MPI_INT, peer, roll_call_tag, comm, &sends[size_t(peer)]);
+        MPI_Irecv(&heard[size_t(peer)], 1, MPI_INT, peer, roll_call_tag, comm, &receives[size_t(peer)]);
+    }
+    std::vector<int> answered(size_t(size), 0);
+    answered[size_t(rank)] = 1;
+    const double start = now_seconds();
+    int missing = size - 1;
+    while (missing > 0 && now_seconds() - start < seconds) {
+        for (int peer = 0; peer < size; peer++) {
+            if (answered[size_t(peer)]) continue;
+            int done = 0;
+            MPI_Test(&receives[size_t(peer)], &done, MPI_STATUS_IGNORE);
+            if (done) answered[size_t(peer)] = 1, missing--;
+        }
+    }
+    std::vector<int> silent;
+    for (int peer = 0; peer < size; peer++)
+        if (!answered[size_t(peer)]) silent.push_back(peer);
+    return silent;  // the requests still pending are left to MPI_Abort
+}
+
 // Waits for request like MPI_Wait (which also polls), but gives up after
 // peer_timeout_seconds: one line, then MPI_Abort ends every rank of the job.
+// The line names the rank waited for: a transfer's peer, or for a collective
+// the ranks that did not answer the roll call.
 static void wait_or_give_up(MPI_Request* request, const char* what, MPI_Comm comm, int peer) {
     const double start = now_seconds();
     for (;;) {
@@ -25,12 +62,21 @@ static void wait_or_give_up(MPI_Request* request, const char* what, MPI_Comm com
         MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
         MPI_Comm_rank(comm, &rank);
         MPI_Comm_size(comm, &size);
-        char waited_for[64] = "";
-        if (peer >= 0) std::snprintf(waited_for, sizeof waited_for, " for rank %d of the group", peer);
+        std::string waited_for;
+        if (peer >= 0) waited_for = " for rank " + std::to_string(peer) + " of the group";
+        const double roll_call_seconds = std::clamp(peer_timeout_seconds, 1.0, 10.0);
+        std::string silent;
+        if (peer < 0 && size > 1)
+            for (int r : ranks_not_answering(comm, rank, size, roll_call_seconds))
+                silent += (silent.empty() ? "" : ", ") + std::to_string(r);
+        std::string verdict = "a peer has stopped";
+        if (!silent.empty())
+            verdict = "rank " + silent + " of the group did not answer within " +
+                      std::to_string(int(roll_call_seconds)) + " s: stopped";
         std::fprintf(stderr,
                      "tpsp: rank %d: the %s (rank %d of a group of %d) waited %.0f s%s without progress "
-                     "(parallel.timeout_s): a peer has stopped; ending the job\n",
-                     world_rank, what, rank, size, peer_timeout_seconds, waited_for);
+                     "(parallel.timeout_s): %s; ending the job\n",
+                     world_rank, what, rank, size, peer_timeout_seconds, waited_for.c_str(), verdict.c_str());
         std::fflush(stderr);
         MPI_Abort(MPI_COMM_WORLD, 1);
     }

@@ -15,6 +15,8 @@
 #include <set>
 #include <sstream>
 
+#include "common/files.h"
+
 namespace tpsp {
 
 namespace {
@@ -441,9 +443,11 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
     Config c;
     if (!path.empty()) {
         YAML::Node root;
-        std::error_code ec;
-        if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec))
-            throw ConfigError(path + ": not a regular file");
+        try {
+            check_regular_input(path, "config");
+        } catch (const FileError& e) {
+            throw ConfigError(e.what());
+        }
         try {
             root = load_one_document(path);
         } catch (const YAML::BadFile&) {

@@ -176,6 +176,7 @@ ResumedRun load_run(const std::string& dir, GPTModel<Backend>& model, AdamWOptim
     load_weights(model, step_file(dir, "model", step));
     const std::string path = step_file(dir, "state", step);
     const int64_t n = full_parameter_count(model.config);
+    check_regular_input(path, "state file");
     std::ifstream in(path, std::ios::binary);
     int64_t head[8] = {};
     if (in.read(reinterpret_cast<char*>(head), 8) &&
