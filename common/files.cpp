@@ -68,10 +68,22 @@ AtomicFile::~AtomicFile() {
     if (!committed_) std::remove(tmp_.c_str());
 }
 
-void AtomicFile::write(const void* data, size_t bytes) { ok_ = ok_ && std::fwrite(data, 1, bytes, file_) == bytes; }
+void AtomicFile::write(const void* data, size_t bytes) {
+    ok_ = ok_ && std::fwrite(data, 1, bytes, file_) == bytes;
+    written_ += bytes;
+}
+
+void AtomicFile::reserve(size_t bytes) {
+    const int error = ::posix_fallocate(::fileno(file_), 0, off_t(bytes));
+    if (error != 0)
+        throw FileError(path_ + ": cannot reserve the " + std::to_string(bytes >> 20) + " MiB it may need (" +
+                        std::strerror(error) + ")");
+    reserved_ = true;
+}
 
 void AtomicFile::commit() {
     ok_ = std::fflush(file_) == 0 && ok_;
+    if (reserved_) ok_ = ok_ && ::ftruncate(::fileno(file_), off_t(written_)) == 0;  // the reserve's unused tail
     ok_ = ok_ && ::fsync(::fileno(file_)) == 0;  // the bytes on disk before the name points at them
     ok_ = std::fclose(file_) == 0 && ok_;
     file_ = nullptr;

@@ -40,12 +40,18 @@ public:
     AtomicFile(const AtomicFile&) = delete;
     AtomicFile& operator=(const AtomicFile&) = delete;
     void write(const void* data, size_t bytes);
+    // Allocates `bytes` of disk for the temporary now (posix_fallocate), so
+    // that a full disk is found before the work whose product it holds, not
+    // after; commit() cuts the file to what was written. A FileError if the
+    // space is not there.
+    void reserve(size_t bytes);
     void commit();
 
 private:
     std::string path_, tmp_;
     FILE* file_;
-    bool ok_ = true, committed_ = false;
+    size_t written_ = 0;
+    bool ok_ = true, committed_ = false, reserved_ = false;
 };
 
 // The parts, one after the other, through an AtomicFile.

@@ -43,7 +43,14 @@ int Tracer::count(const std::string& name, Track track) const {
                              [&](const Event& e) { return e.track == track && name == e.name; }));
 }
 
-void Tracer::write(const std::string& path, int rank, void* comm_ptr) const {
+void Tracer::reserve_file(const std::string& path, int ranks) {
+    constexpr size_t frame = 1024;  // the head, the tail and each rank's three metadata lines, well within
+    reserved_ = std::make_unique<AtomicFile>(path);
+    reserved_path_ = path;
+    reserved_->reserve(size_t(ranks) * (events_.capacity() * max_event_bytes + frame));
+}
+
+void Tracer::write(const std::string& path, int rank, void* comm_ptr) {
     MPI_Comm comm = *static_cast<MPI_Comm*>(comm_ptr);
     std::string json;
     char line[256];
@@ -79,9 +86,12 @@ void Tracer::write(const std::string& path, int rank, void* comm_ptr) const {
     wait_for_collective(&request, comm, "gather of the trace");
     if (rank != 0) return;
     const std::string head = "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n", tail = "\n]}\n";
-    write_file_atomically(path, {{head.data(), head.size()},
-                                 {all.data() + 2, all.size() - 2},
-                                 {tail.data(), tail.size()}});  // no leading comma
+    std::unique_ptr<AtomicFile> file = reserved_path_ == path ? std::move(reserved_) : nullptr;
+    if (!file) file = std::make_unique<AtomicFile>(path);
+    file->write(head.data(), head.size());
+    file->write(all.data() + 2, all.size() - 2);  // no leading comma
+    file->write(tail.data(), tail.size());
+    file->commit();
 }
 
 }  // namespace tpsp

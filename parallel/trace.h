@@ -3,9 +3,12 @@
 // one track for compute and one for communication.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "common/files.h"
 
 namespace tpsp {
 
@@ -25,7 +28,13 @@ public:
     // Collective over `comm` (an MPI_Comm* of every rank): rank 0 writes PATH
     // (atomically) with every rank's events; a FileError on rank 0 if it
     // could not, after every rank has taken part.
-    void write(const std::string& path, int rank, void* comm) const;
+    void write(const std::string& path, int rank, void* comm);
+    // On the rank that will write PATH, before the traced steps: opens its
+    // temporary and reserves the most the trace can take (every rank's
+    // `capacity` events at max_event_bytes each), so that a disk without
+    // the room says so before step 1; write() then fills that file.
+    void reserve_file(const std::string& path, int ranks);
+    static constexpr size_t max_event_bytes = 256;  // a line of the JSON, at most (write's buffer)
     // Seconds spent in each compute span name, in order of first appearance.
     std::vector<std::pair<std::string, double>> compute_seconds_by_name() const;
     // How many spans of this name the track holds: which schedule ran (the tests read it).
@@ -45,6 +54,8 @@ private:
     };
     bool enabled_ = false;
     std::vector<Event> events_;
+    std::unique_ptr<AtomicFile> reserved_;  // the file reserve_file made ready, on the writing rank
+    std::string reserved_path_;
 };
 
 // A span of compute on a trace, from construction to destruction; nothing

@@ -441,6 +441,31 @@ TEST(Faults, AStalledPeerInAGatherEndsTheJobAfterParallelTimeout) {
     }
 }
 
+// The trace is written after the traced steps, but its room on disk is
+// reserved before step 1: a disk (here a file-size limit) without it is one
+// line before any training, and leaves neither the trace nor its temporary.
+TEST(Faults, ATraceWithoutRoomOnDiskIsOneLineBeforeStepOne) {
+    fs::path dir = scratch_dir();
+    const fs::path trace = dir / "trace.json";
+    Outcome r = run(bounded + "bash -c 'ulimit -f 20000; " +
+                        tiny_train(dir, fast + "train.steps=3 checkpoint.dir= logging.trace=" + trace.string()) + "'",
+                    dir);
+    EXPECT_EQ(r.exit_code, 1) << r.err;
+    expect_one_line(r, "trace.json: cannot reserve the 48 MiB it may need (File too large)");
+    EXPECT_EQ(r.out.find("step "), std::string::npos) << "a step ran before the refusal:\n" << r.out;
+    EXPECT_FALSE(fs::exists(trace));
+    EXPECT_FALSE(holds_a_temporary(dir));
+    // with the room, the same run writes it, cut to its size
+    r = run(bounded + tiny_train(dir, fast + "train.steps=3 checkpoint.dir= logging.trace=" + trace.string() +
+                                          " checkpoint.overwrite=true"),
+            dir);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const std::string text = read_text(trace);
+    EXPECT_LT(text.size(), size_t(1) << 20);
+    EXPECT_EQ(text.substr(text.size() - 4), "\n]}\n");
+    EXPECT_FALSE(holds_a_temporary(dir));
+}
+
 TEST(Faults, AClosedStdoutDoesNotStopTheRun) {
     fs::path dir = scratch_dir();
     Outcome r = run(bounded + "bash -c '" + tiny_train(dir, fast + "train.steps=40 logging.every=1") +
@@ -789,7 +814,7 @@ TEST(Faults, AFailedTraceWriteIsOneLineAndNeverSaysWrote) {
                         "'",
                     dir);
     EXPECT_EQ(r.exit_code, 1);
-    expect_one_line(r, "trace.json.tpsp-tmp.");
+    expect_one_line(r, "trace.json: cannot reserve the 48 MiB it may need (File too large)");  // before step 1
     EXPECT_EQ(r.out.find("wrote"), std::string::npos) << r.out;
     EXPECT_FALSE(fs::exists(dir / "trace.json")) << "a broken trace was left";
     EXPECT_FALSE(holds_a_temporary(dir));
@@ -976,7 +1001,8 @@ TEST(Faults, AFifoDirectoryOrDeviceGivenAsAnInputIsOneLineAtOnce) {
         const std::string path = special.string();
         const std::vector<std::pair<std::string, std::string>> commands = {
             {tpsp_binary + " sample " + path + " --tokens 3", "the checkpoint is " + kind},
-            {tpsp_binary + " eval " + tiny + " checkpoint.init=" + path, "the checkpoint is " + kind},
+            {tpsp_binary + " eval " + tiny + " data.val='" + corpus + "/val_*.bin' checkpoint.init=" + path,
+             "the checkpoint is " + kind},
             {tiny_train(dir, fast + "train.steps=1 checkpoint.dir= checkpoint.init=" + path),
              "the checkpoint is " + kind},
             {tpsp_binary + " train " + path, "the config is " + kind},

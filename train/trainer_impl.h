@@ -223,7 +223,10 @@ template <class Backend>
 void Trainer<Backend>::claim_outputs() {
     check_files_apart();
     if (!cfg_.logging.metrics.empty()) check_writable_file(cfg_.logging.metrics, "metrics");
-    if (!cfg_.logging.trace.empty()) check_writable_file(cfg_.logging.trace, "trace");
+    if (!cfg_.logging.trace.empty()) {
+        check_writable_file(cfg_.logging.trace, "trace");
+        tracer_.reserve_file(cfg_.logging.trace, grid_.world_size);  // its room, before step 1
+    }
     if (!cfg_.checkpoint.dir.empty())
         run_dir_.claim(cfg_.checkpoint.dir, cfg_.checkpoint.resume, cfg_.checkpoint.overwrite);
     using Start = MetricsFile::Start;
