@@ -125,10 +125,12 @@ public:
     void wait(Transfer& t);  // the time spent here is exposed
 
     // What the overlap schedules do to the buffers between transfers.
-    void copy(float* dst, const float* src, size_t count);
-    void add(float* acc, const float* x, size_t count);  // acc += x
+    // (static: host memory needs no group; ThreadCommunicator uses them too)
+    static void copy(float* dst, const float* src, size_t count);
+    static void add(float* acc, const float* x, size_t count);  // acc += x
     // rows × width elements between two row-strided matrices
-    void copy_rows(float* dst, size_t dst_stride, const float* src, size_t src_stride, size_t rows, size_t width);
+    static void copy_rows(float* dst, size_t dst_stride, const float* src, size_t src_stride, size_t rows,
+                          size_t width);
 
     EmulatedLink link;
     CollectiveBytes bytes;   // since the last reset, for the step log

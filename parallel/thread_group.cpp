@@ -140,15 +140,4 @@ void ThreadCommunicator::start_exchange(const float* send, float* receive, size_
     record(name, started);
 }
 
-void ThreadCommunicator::copy(float* dst, const float* src, size_t count) { std::memmove(dst, src, count * 4); }
-
-void ThreadCommunicator::add(float* acc, const float* x, size_t count) {
-    for (size_t i = 0; i < count; i++) acc[i] += x[i];
-}
-
-void ThreadCommunicator::copy_rows(float* dst, size_t dst_stride, const float* src, size_t src_stride, size_t rows,
-                                   size_t width) {
-    for (size_t r = 0; r < rows; r++) std::memcpy(dst + r * dst_stride, src + r * src_stride, width * 4);
-}
-
 }  // namespace tpsp

@@ -77,9 +77,12 @@ public:
     bool test(Transfer&) { return true; }
     void wait(Transfer&) {}
 
-    void copy(float* dst, const float* src, size_t count);
-    void add(float* acc, const float* x, size_t count);
-    void copy_rows(float* dst, size_t dst_stride, const float* src, size_t src_stride, size_t rows, size_t width);
+    // the buffer work of the schedules: host memory, as over MPI
+    void copy(float* dst, const float* src, size_t count) { Communicator::copy(dst, src, count); }
+    void add(float* acc, const float* x, size_t count) { Communicator::add(acc, x, count); }
+    void copy_rows(float* dst, size_t dst_stride, const float* src, size_t src_stride, size_t rows, size_t width) {
+        Communicator::copy_rows(dst, dst_stride, src, src_stride, rows, width);
+    }
 
     CollectiveBytes bytes;
     CommunicationTime time;  // all of it exposed: nothing is in flight while computing
