@@ -135,13 +135,26 @@ void check_writable_file(const std::string& path, const std::string& what) {
     make_writable_directory(folder_of(path), what);
 }
 
+std::string resolved_path(const std::string& path) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    fs::path p = path;
+    // a link whose target does not exist yet is where a write through it goes: follow it by hand
+    for (int hops = 0; hops < 40 && fs::is_symlink(fs::symlink_status(p, ec)); hops++) {
+        const fs::path target = fs::read_symlink(p, ec);
+        if (ec) break;
+        p = target.is_absolute() ? target : p.parent_path() / target;
+    }
+    const fs::path resolved = fs::weakly_canonical(p, ec);
+    return ec ? path : resolved.string();
+}
+
 bool same_file(const std::string& a, const std::string& b) {
     namespace fs = std::filesystem;
     std::error_code ec_a, ec_b;
     const bool both_exist = fs::exists(a, ec_a) && fs::exists(b, ec_b);
     if (both_exist) return fs::equivalent(a, b, ec_a);
-    const fs::path resolved_a = fs::weakly_canonical(a, ec_a), resolved_b = fs::weakly_canonical(b, ec_b);
-    return !ec_a && !ec_b && resolved_a == resolved_b;
+    return resolved_path(a) == resolved_path(b);
 }
 
 void check_outputs_apart(const std::vector<NamedFile>& inputs, const std::vector<NamedFile>& outputs) {

@@ -80,9 +80,13 @@ struct NamedFile {
     std::string named_by;  // "logging.metrics", "data.train", ...
 };
 
+// PATH with every link followed, a dangling one too (a write through it
+// creates its target), and made absolute and normal: where PATH really is.
+std::string resolved_path(const std::string& path);
+
 // Whether two paths name one file: the same device and inode where both
-// exist (links resolved), else the same path once the links of its existing
-// part are resolved (an output that does not exist yet).
+// exist (links resolved), else the same resolved_path (an output that does
+// not exist yet, or a dangling link to one).
 bool same_file(const std::string& a, const std::string& b);
 
 // Every output compared with every input and with every other output, before

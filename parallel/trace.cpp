@@ -7,7 +7,9 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
+#include <fstream>
 
 namespace tpsp {
 
@@ -41,6 +43,16 @@ std::vector<std::pair<std::string, double>> Tracer::compute_seconds_by_name() co
 int Tracer::count(const std::string& name, Track track) const {
     return int(std::count_if(events_.begin(), events_.end(),
                              [&](const Event& e) { return e.track == track && name == e.name; }));
+}
+
+static const char* const trace_head = "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n";
+
+bool Tracer::replaceable(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return true;
+    std::string start(std::strlen(trace_head), '\0');
+    in.read(start.data(), std::streamsize(start.size()));
+    return in.gcount() == 0 || start == trace_head;
 }
 
 void Tracer::reserve_file(const std::string& path, int ranks) {
@@ -85,7 +97,7 @@ void Tracer::write(const std::string& path, int rank, void* comm_ptr) {
                  &request);
     wait_for_collective(&request, comm, "gather of the trace");
     if (rank != 0) return;
-    const std::string head = "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n", tail = "\n]}\n";
+    const std::string head = trace_head, tail = "\n]}\n";
     std::unique_ptr<AtomicFile> file = reserved_path_ == path ? std::move(reserved_) : nullptr;
     if (!file) file = std::make_unique<AtomicFile>(path);
     file->write(head.data(), head.size());

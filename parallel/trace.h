@@ -34,6 +34,9 @@ public:
     // `capacity` events at max_event_bytes each), so that a disk without
     // the room says so before step 1; write() then fills that file.
     void reserve_file(const std::string& path, int ranks);
+    // Whether PATH may be written as the trace: it does not exist, is empty,
+    // or holds a trace (as write() begins one); a user's file is never replaced.
+    static bool replaceable(const std::string& path);
     static constexpr size_t max_event_bytes = 256;  // a line of the JSON, at most (write's buffer)
     // Seconds spent in each compute span name, in order of first appearance.
     std::vector<std::pair<std::string, double>> compute_seconds_by_name() const;

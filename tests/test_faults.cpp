@@ -62,11 +62,21 @@ void expect_ended_in_time(const Outcome& r) {
 }
 
 // Every file of a directory with its bytes: what "nothing was damaged" compares.
+// Each file's name, size and hash (not its bytes: a failure then prints no checkpoint).
+std::map<std::string, std::string> fingerprints(const fs::path& dir);
+
 std::map<std::string, std::string> contents(const fs::path& dir) {
     std::map<std::string, std::string> files;
     for (const fs::directory_entry& entry : fs::directory_iterator(dir))
         if (entry.path().filename() != "lock") files[entry.path().filename().string()] = read_text(entry.path());
     return files;
+}
+
+std::map<std::string, std::string> fingerprints(const fs::path& dir) {
+    std::map<std::string, std::string> prints;
+    for (const auto& [name, bytes] : contents(dir))
+        prints[name] = std::to_string(bytes.size()) + " bytes, hash " + std::to_string(std::hash<std::string>{}(bytes));
+    return prints;
 }
 
 std::vector<std::string> names_in(const fs::path& dir) {
@@ -466,6 +476,58 @@ TEST(Faults, ATraceWithoutRoomOnDiskIsOneLineBeforeStepOne) {
     EXPECT_FALSE(holds_a_temporary(dir));
 }
 
+// The red-team's ways past the output rules: a link (dangling, or into the
+// checkpoint directory), validation shards the run does not read, a user's
+// `latest`, notes or JSON where an output goes, a user's directory named like
+// a temporary. Each is refused with one line (or left alone) and every file
+// stays byte for byte as it was.
+TEST(Faults, NoOutputReplacesAUsersFileThroughALinkOrAnUnreadInput) {
+    fs::path dir = scratch_dir();
+    ASSERT_EQ(run(tiny_train(dir, fast + "train.steps=2 logging.metrics="), dir).exit_code, 0);
+    const fs::path ck = dir / "ckpt", val = dir / "val_000000.bin";
+    fs::copy_file(corpus + "/val_000000.bin", val);
+    fs::create_symlink(ck / "model_00000002.bin", dir / "init.bin");
+    fs::create_symlink(dir / "t.json", dir / "m.json");  // dangling: writing m.json creates t.json
+    write_file(dir / "notes.txt", "my notes\n");
+    write_file(dir / "notes.json", "{\"mine\": 1}\n");
+    const fs::path user_ck = dir / "user_ck";
+    fs::create_directories(user_ck);
+    write_file(user_ck / "latest", "hello\n");
+    fs::create_directories(dir / "other");  // (a refused run may create its checkpoint.dir, empty)
+    const std::string other_ck = " checkpoint.dir=" + (dir / "other").string();
+    const std::vector<std::pair<std::string, std::string>> refused = {
+        {"checkpoint.overwrite=true checkpoint.init=" + (dir / "init.bin").string(),
+         "lies among the files that the run in checkpoint.dir"},
+        {other_ck + " train.val_every=0 data.val=" + val.string() + " logging.trace=" + val.string(),
+         "is also read by this run (data.val"},
+        {other_ck + " logging.metrics=" + (dir / "m.json").string() + " logging.trace=" + (dir / "t.json").string(),
+         "logging.trace: "},
+        {other_ck + " checkpoint.overwrite=true logging.metrics=" + (dir / "notes.txt").string(),
+         "holds something other than tpsp metrics"},
+        {other_ck + " logging.trace=" + (dir / "notes.json").string(), "holds something other than a tpsp trace"},
+        {" checkpoint.dir=" + user_ck.string(), "latest is not a tpsp run's (it names no step)"},
+    };
+    for (const auto& [setting, says] : refused) {
+        SCOPED_TRACE(setting);
+        const auto before = fingerprints(dir), before_ck = fingerprints(ck), before_user = fingerprints(user_ck);
+        Outcome r = run(bounded + tiny_train(dir, fast + "train.steps=1 logging.metrics= " + setting), dir);
+        EXPECT_EQ(r.exit_code, 1) << r.err;
+        expect_one_line(r, says);
+        EXPECT_EQ(fingerprints(dir), before);
+        EXPECT_EQ(fingerprints(ck), before_ck);
+        EXPECT_EQ(fingerprints(user_ck), before_user);
+    }
+    // a directory named like a temporary is the user's: a new run leaves it
+    const fs::path temp_like = dir / "fresh" / "sub.tpsp-tmp.123";
+    fs::create_directories(temp_like);
+    write_file(temp_like / "f", "u\n");
+    Outcome r = run(
+        bounded + tiny_train(dir, fast + "train.steps=1 logging.metrics= checkpoint.dir=" + (dir / "fresh").string()),
+        dir);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(read_text(temp_like / "f"), "u\n");
+}
+
 TEST(Faults, AClosedStdoutDoesNotStopTheRun) {
     fs::path dir = scratch_dir();
     Outcome r = run(bounded + "bash -c '" + tiny_train(dir, fast + "train.steps=40 logging.every=1") +
@@ -509,20 +571,12 @@ TEST(Faults, ASaveThatFailsHalfWayLeavesTheRunDirectoryAsItWas) {
         fs::path dir = scratch_dir();
         ASSERT_EQ(run(tiny_train(dir, fast + "train.steps=1"), dir).exit_code, 0);
         fs::create_directory(dir / "ckpt" / taken);
-        // each file's name, size and hash: a failure then prints no checkpoint bytes
-        const auto fingerprints = [&] {
-            std::map<std::string, std::string> prints;
-            for (const auto& [name, bytes] : contents(dir / "ckpt"))
-                prints[name] = std::to_string(bytes.size()) + " bytes, hash " +
-                               std::to_string(std::hash<std::string>{}(bytes));
-            return prints;
-        };
-        const auto before = fingerprints();
+        const auto before = fingerprints(dir / "ckpt");
         Outcome r = run(bounded + tiny_train(dir, fast + "train.steps=2 checkpoint.resume=" + (dir / "ckpt").string()),
                         dir);
         EXPECT_EQ(r.exit_code, 1) << r.err;
         expect_one_line(r, taken);
-        EXPECT_EQ(fingerprints(), before) << "the failed save left part of itself behind";
+        EXPECT_EQ(fingerprints(dir / "ckpt"), before) << "the failed save left part of itself behind";
         EXPECT_EQ(read_text(dir / "ckpt" / "latest"), "1\n");
     }
 }

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -48,6 +49,10 @@ void MetricsFile::open(const std::string& path, Start start, int resumed_step) {
                         ": another tpsp run is writing these metrics (it holds the file's lock): choose "
                         "another logging.metrics");
     const off_t earlier = ::lseek(fd_, 0, SEEK_END);
+    if (earlier > 0 && bytes_up_to_step(path, INT_MAX) == 0)  // not even one metrics line: a file of the user's
+        throw ConfigError("logging.metrics: " + path + " holds something other than tpsp metrics (" +
+                          std::to_string(earlier) + " bytes): choose another file (checkpoint.overwrite replaces " +
+                          "only metrics)");
     if (start == Start::new_run && earlier > 0)
         throw ConfigError("logging.metrics: " + path + " already holds another run's metrics (" +
                           std::to_string(earlier) +

@@ -48,7 +48,7 @@ bool is_run_file_name(const std::string& name) {
 }
 
 bool is_run_file(const std::string& dir, const std::string& path) {
-    const fs::path file(path);
+    const fs::path file(resolved_path(path));  // through links: where a write or a removal lands
     const fs::path folder = file.has_parent_path() ? file.parent_path() : fs::path(".");
     return is_run_file_name(file.filename().string()) && same_file(folder.string(), dir);
 }
@@ -77,14 +77,20 @@ void RunDirectory::claim(const std::string& dir, const std::string& resume, bool
         throw FileError(lock + ": cannot lock the run's lock file (" + std::strerror(errno) + ")");
     }
     // the lock is ours: any temporary here is a crashed writer's
+    // (files only: a user's directory of such a name is left alone)
     for (const fs::directory_entry& entry : fs::directory_iterator(dir))
-        if (is_temporary_name(entry.path().filename().string())) fs::remove(entry.path());
+        if (entry.symlink_status().type() == fs::file_type::regular &&
+            is_temporary_name(entry.path().filename().string()))
+            fs::remove(entry.path());
 
     const bool resumes_here = !resume.empty() && same_file(resume, dir);
     if (resumes_here && overwrite)
         throw ConfigError("checkpoint.overwrite: checkpoint.resume continues the run in " + dir +
                           "; it cannot also start over there");
     const int step = latest_step(dir);
+    if (step < 0 && fs::exists(fs::symlink_status(dir + "/latest")))  // a file of the user's: never replaced
+        throw ConfigError("checkpoint.dir: " + dir + "/latest is not a tpsp run's (it names no step): move it, " +
+                          "or choose another checkpoint.dir");
     const bool holds_a_run = step >= 0 || !checkpoint_files(dir).empty();
     if (!holds_a_run || resumes_here) return;
     if (!overwrite && step < 0)

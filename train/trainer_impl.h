@@ -19,6 +19,17 @@ namespace tpsp {
 
 namespace trainer_detail {
 
+// The shards a glob matches, or none (an empty pattern, no match, a match
+// that is not a file: the run that would read them says so, not this).
+inline std::vector<std::string> shards_if_any(const std::string& pattern) {
+    if (pattern.empty()) return {};
+    try {
+        return expand_shard_glob(pattern);
+    } catch (const FileError&) {
+        return {};
+    }
+}
+
 inline double seconds_since(std::chrono::steady_clock::time_point start) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
@@ -225,6 +236,9 @@ void Trainer<Backend>::claim_outputs() {
     if (!cfg_.logging.metrics.empty()) check_writable_file(cfg_.logging.metrics, "metrics");
     if (!cfg_.logging.trace.empty()) {
         check_writable_file(cfg_.logging.trace, "trace");
+        if (!Tracer::replaceable(cfg_.logging.trace))
+            throw ConfigError("logging.trace: " + cfg_.logging.trace +
+                              " holds something other than a tpsp trace: choose another file");
         tracer_.reserve_file(cfg_.logging.trace, grid_.world_size);  // its room, before step 1
     }
     if (!cfg_.checkpoint.dir.empty())
@@ -249,8 +263,10 @@ void Trainer<Backend>::check_files_apart() const {
     std::vector<NamedFile> inputs, outputs;
     if (!cfg_.file.empty()) inputs.push_back({cfg_.file, "the config"});
     for (const std::string& shard : train_loader_->shard_paths()) inputs.push_back({shard, "data.train"});
-    if (val_loader_)
-        for (const std::string& shard : val_loader_->shard_paths()) inputs.push_back({shard, "data.val"});
+    // the validation shards are the user's data even when this run does not read them (val_every 0)
+    for (const std::string& shard :
+         val_loader_ ? val_loader_->shard_paths() : trainer_detail::shards_if_any(cfg_.data.val))
+        inputs.push_back({shard, "data.val"});
     if (!ck.init.empty()) inputs.push_back({ck.init, "checkpoint.init"});
     if (sampler_ && !cfg_.data.tokenizer.empty()) inputs.push_back({cfg_.data.tokenizer, "data.tokenizer"});
     if (start_step_ > 0)
