@@ -16,6 +16,10 @@ void write_token_shard(const std::string& path, const std::vector<uint16_t>& tok
 // The shards that a glob names, sorted; none is an error naming the glob, and
 // so is a match that is not a regular file (a FIFO would block the reader).
 std::vector<std::string> expand_shard_glob(const std::string& pattern);
+// What a shard holds, in one line, for ranks to compare: its token count and
+// the CRC-32C its header records, or, for llm.c's shards that record none,
+// the CRC-32C of its header and first MiB (all of it that is read at start).
+std::string shard_identity(const std::string& path);
 // Training must not see the validation shards: an error naming the first
 // shard that both globs match.
 void check_train_and_val_apart(const std::string& train_pattern, const std::string& val_pattern);

@@ -787,6 +787,34 @@ TEST(Faults, BadDataFoundLateCostsNoTraining) {
     EXPECT_EQ(field(dir / "metrics.jsonl", "step"), (std::vector<std::string>{"1", "2", "3"}));
 }
 
+// The ranks agree on the shards' names; a node whose copy of a shard holds
+// other tokens is refused before step 1. Here each rank reads the same
+// relative path from its own directory, as two nodes read their own disks.
+TEST(Faults, ARankWhoseCopyOfAShardDiffersIsRefusedBeforeStepOne) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not installed, or tpsp built without MPI";
+    fs::path dir = scratch_dir();
+    std::vector<uint16_t> tokens(4 * 64 * 3 + 1);
+    for (size_t i = 0; i < tokens.size(); i++) tokens[i] = uint16_t('a' + i % 26);
+    for (int rank = 0; rank < 2; rank++) {
+        fs::create_directories(dir / ("node" + std::to_string(rank)));
+        if (rank == 1) tokens[500] = 'z';  // one token of rank 1's copy differs
+        write_shard(dir / ("node" + std::to_string(rank)) / "train_000000.bin", tokens);
+    }
+    const fs::path wrapper = write_file(
+        dir / "per_node.sh", "#!/bin/sh\ncd " + dir.string() + "/node$OMPI_COMM_WORLD_RANK && exec " + tpsp_binary +
+                                 " train " + tiny + " " + fast +
+                                 "train.steps=2 data.train=train_000000.bin data.val= checkpoint.dir= "
+                                 "logging.metrics=\n");
+    fs::permissions(wrapper, fs::perms::owner_all);
+    const auto before = fingerprints(dir);
+    Outcome r = run(mpi_env + bounded + "mpirun --oversubscribe -np 2 " + wrapper.string(), dir);
+    EXPECT_EQ(r.exit_code, 1);
+    expect_ended_in_time(r);
+    expect_one_line(r, "tpsp: rank 1: error: its copy of the data differs from rank 0's: train_000000.bin: 769 tokens");
+    EXPECT_EQ(r.out.find("step "), std::string::npos) << "it trained: " << r.out;
+    EXPECT_EQ(fingerprints(dir), before);
+}
+
 TEST(Faults, TwoRunsOnOneMetricsFileAreRefusedByItsLock) {
     fs::path dir = scratch_dir(), second = dir / "second";
     fs::create_directories(second);
@@ -818,6 +846,12 @@ TEST(Faults, ACommandWhoseOutputIsLostExitsNonZero) {
         EXPECT_EQ(full.exit_code, 1);
         expect_one_line(full, "cannot write to standard output");
     }
+    for (const std::string& command : {tpsp_binary + " --help", tpsp_binary + " train --help"}) {
+        SCOPED_TRACE(command);
+        Outcome full = run(bounded + "sh -c '" + command + " > /dev/full'", dir);
+        EXPECT_EQ(full.exit_code, 1);
+        expect_one_line(full, "cannot write the help to standard output");
+    }
 }
 
 // Only tpsp's own temporaries (NAME.tpsp-tmp.<pid>, .tpsp-probe.<pid>) are
@@ -843,15 +877,30 @@ TEST(Faults, StaleTemporariesAreRemovedAndKeepLastPrunesOlderCheckpoints) {
 // ----------------------------------------------------------------------------
 // writes that fail (a file-size limit stands in for a full disk)
 
-// Without a launcher, MPI_Init starts a helper daemon (orted) that would
-// inherit the limit and fail its own writes; an isolated singleton starts none.
-const std::string limited = "OMPI_MCA_ess_singleton_isolated=1 ";
+// Without a launcher, Open MPI's MPI_Init would start a helper daemon whose
+// shared-memory files fail under the limit with pages of errors; tpsp, alone,
+// asks for none (main.cpp), and under the tightest limit still runs.
+TEST(Faults, AFileSizeLimitWithoutMpirunLeavesMpiStartingAlone) {
+    fs::path dir = scratch_dir();
+    // the limit binds tpsp alone; what it prints goes through a pipe, merged
+    const auto limited = [&](const std::string& command) {
+        return run(bounded + "bash -c 'set -o pipefail; (ulimit -f 0; exec " + command + ") 2>&1 | cat'", dir);
+    };
+    Outcome versions = limited(tpsp_binary + " versions");
+    EXPECT_EQ(versions.exit_code, 0) << versions.out;
+    EXPECT_NE(versions.out.find("MPI: Open MPI"), std::string::npos) << versions.out;
+    EXPECT_EQ(versions.out.find("ERROR"), std::string::npos) << versions.out;
+    Outcome train = limited(tiny_train(dir, fast + "train.steps=2"));
+    EXPECT_EQ(train.exit_code, 1);
+    expect_ended_in_time(train);
+    EXPECT_EQ(count_lines(train.out), 1) << train.out;  // tpsp's one line, nothing of MPI's
+    EXPECT_NE(train.out.find("File too large"), std::string::npos) << train.out;
+}
 
 TEST(Faults, AFailedMetricsWriteIsOneLineAndTheFileKeepsWholeLines) {
     fs::path dir = scratch_dir();
-    Outcome r = run(limited + bounded + "bash -c 'ulimit -f 4; exec " +
-                        tiny_train(dir, fast + "train.steps=200 checkpoint.dir=") + "'",
-                    dir);
+    Outcome r = run(
+        bounded + "bash -c 'ulimit -f 4; exec " + tiny_train(dir, fast + "train.steps=200 checkpoint.dir=") + "'", dir);
     EXPECT_EQ(r.exit_code, 1);
     expect_ended_in_time(r);
     expect_one_line(r, "metrics.jsonl: cannot write the metrics of step");
@@ -862,7 +911,7 @@ TEST(Faults, AFailedMetricsWriteIsOneLineAndTheFileKeepsWholeLines) {
 
 TEST(Faults, AFailedTraceWriteIsOneLineAndNeverSaysWrote) {
     fs::path dir = scratch_dir();
-    Outcome r = run(limited + bounded + "bash -c 'ulimit -f 2; exec " +
+    Outcome r = run(bounded + "bash -c 'ulimit -f 2; exec " +
                         tiny_train(dir, fast + "train.steps=2 checkpoint.dir= logging.metrics= logging.trace=" +
                                             (dir / "trace.json").string()) +
                         "'",
@@ -880,7 +929,7 @@ TEST(Faults, AFailedSaveLeavesTheLastCheckpointAsItWas) {
     const auto before = contents(dir / "ckpt");
     // the model file is 3.4 MB: past a limit of 1 MiB
     Outcome r = run(
-        limited + bounded + "bash -c 'ulimit -f 1024; exec " +
+        bounded + "bash -c 'ulimit -f 1024; exec " +
             tiny_train(dir, fast + "train.steps=4 checkpoint.every=1 checkpoint.resume=" + (dir / "ckpt").string()) +
             "'",
         dir);

@@ -254,7 +254,7 @@ int printed(int code, bool lead) {
 }
 
 // Parses the command line into the options bound to `app`; returns -1 to go
-// on, or the exit code: 0 after --help, 2 with `error` saying what is wrong.
+// on, or the exit code: 0 after --help (1 when the help could not be written), 2 with `error` saying what is wrong.
 int parse(CLI::App& app, int argc, char** argv, bool lead, std::string& error) {
     const auto named = [&](const CLI::App* command) { return command->get_name() == argv[1]; };
     if (argc > 1 && argv[1][0] != '-' && app.get_subcommands(named).empty()) {
@@ -265,8 +265,11 @@ int parse(CLI::App& app, int argc, char** argv, bool lead, std::string& error) {
         app.parse(argc, argv);
         return -1;
     } catch (const CLI::CallForHelp&) {
-        if (lead) std::fputs(app.help().c_str(), stdout);
-        return 0;
+        if (!lead) return 0;
+        std::fputs(app.help().c_str(), stdout);
+        if (std::fflush(stdout) == 0 && !std::ferror(stdout)) return 0;
+        error = std::string("error: cannot write the help to standard output (") + std::strerror(errno) + ")";
+        return 1;  // help that reached no one
     } catch (const CLI::ParseError& e) {
         const std::string command = app.get_subcommands().empty() ? "" : " " + app.get_subcommands()[0]->get_name();
         error = "the command line: " + std::string(e.what()) + " (tpsp" + command + " --help lists the options)";
@@ -380,6 +383,14 @@ int report_errors(int argc, char** argv) {
     return 1;
 }
 
+// Started without a launcher (no mpirun), Open MPI's MPI_Init would start a
+// helper daemon whose shared-memory files fail under a file-size limit
+// (ulimit -f), with pages of its errors; a lone process needs none.
+void start_without_a_daemon_when_alone() {
+    const bool launched = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMIX_RANK") || std::getenv("PMI_RANK");
+    if (!launched) setenv("OMPI_MCA_ess_singleton_isolated", "1", 0);  // a user's own choice stands
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -390,6 +401,7 @@ int main(int argc, char** argv) {
     std::signal(SIGXFSZ, SIG_IGN);
     run_with_the_widest_blas_kernels(argv);   // before MPI and the threads start: it may run tpsp again
     take_stop_signals_on_their_own_thread();  // before MPI's and OpenMP's threads, which inherit the mask
+    start_without_a_daemon_when_alone();
     MPI_Init(&argc, &argv);
     const int code = report_errors(argc, argv);
     MPI_Finalize();

@@ -27,7 +27,7 @@ World world() {
 // The lowest rank for which `mine` holds, or the world's size if none.
 int lowest_rank_where(bool mine, const World& w) {
     int rank = mine ? w.rank : w.size;
-    all_reduce_ints(&rank, 1, MPI_MIN, MPI_COMM_WORLD, "agreement on the command and config");
+    all_reduce_ints(&rank, 1, MPI_MIN, MPI_COMM_WORLD, "agreement at set-up");
     return rank;
 }
 
@@ -35,11 +35,11 @@ int lowest_rank_where(bool mine, const World& w) {
 // of the maximum to which the other ranks give 0.
 std::string rank_zeros_text(const std::string& mine, const World& w) {
     int length = w.rank == 0 ? int(mine.size()) : 0;
-    all_reduce_ints(&length, 1, MPI_MAX, MPI_COMM_WORLD, "agreement on the command and config");
+    all_reduce_ints(&length, 1, MPI_MAX, MPI_COMM_WORLD, "agreement at set-up");
     std::vector<int> bytes(size_t(length), 0);
     if (w.rank == 0)
         for (int i = 0; i < length; i++) bytes[size_t(i)] = (unsigned char)mine[size_t(i)];
-    all_reduce_ints(bytes.data(), length, MPI_MAX, MPI_COMM_WORLD, "agreement on the command and config");
+    all_reduce_ints(bytes.data(), length, MPI_MAX, MPI_COMM_WORLD, "agreement at set-up");
     return std::string(bytes.begin(), bytes.end());
 }
 
@@ -68,18 +68,27 @@ int agree_on_start(const StartOutcome& mine) {
         }
         return mine.exit_code > 0 ? mine.exit_code : 1;
     }
-    const int digest = int(crc32c(mine.resolved.data(), mine.resolved.size()) >> 1);  // ≥ 0: it can be negated
-    int lowest[2] = {digest, -digest};  // the minimum and minus the maximum, in one all-reduce
-    all_reduce_ints(lowest, 2, MPI_MIN, MPI_COMM_WORLD, "agreement on the command and config");
-    if (lowest[0] == -lowest[1]) return mine.exit_code;  // every rank resolved the same
-    const std::string rank_zeros = rank_zeros_text(mine.resolved, w);
-    const int differs = lowest_rank_where(mine.resolved != rank_zeros, w);
+    std::string difference;
+    const int differs = lowest_rank_differing(mine.resolved, difference);
+    if (differs < 0) return mine.exit_code;  // every rank resolved the same
     if (w.rank == differs)
         std::fprintf(stderr,
                      "tpsp: rank %d: its command or config differs from rank 0's: %s; every rank must run the "
                      "same command and config\n",
-                     w.rank, first_difference(mine.resolved, rank_zeros).c_str());
+                     w.rank, difference.c_str());
     return 1;
+}
+
+int lowest_rank_differing(const std::string& mine, std::string& difference) {
+    const World w = world();
+    const int digest = int(crc32c(mine.data(), mine.size()) >> 1);  // ≥ 0: it can be negated
+    int lowest[2] = {digest, -digest};  // the minimum and minus the maximum, in one all-reduce
+    all_reduce_ints(lowest, 2, MPI_MIN, MPI_COMM_WORLD, "agreement at set-up");
+    if (lowest[0] == -lowest[1]) return -1;
+    const std::string rank_zeros = rank_zeros_text(mine, w);
+    const int differs = lowest_rank_where(mine != rank_zeros, w);
+    if (w.rank == differs) difference = first_difference(mine, rank_zeros);
+    return differs;
 }
 
 }  // namespace tpsp

@@ -24,4 +24,9 @@ struct StartOutcome {
 // the reason, and every rank gets the exit code to end with.
 int agree_on_start(const StartOutcome& mine);
 
+// Collective over MPI_COMM_WORLD: the lowest rank whose `mine` (lines of
+// text) differs from rank 0's, or -1 when every rank holds the same; on that
+// rank, `difference` is the first line that differs, as "LINE (rank 0: LINE)".
+int lowest_rank_differing(const std::string& mine, std::string& difference);
+
 }  // namespace tpsp

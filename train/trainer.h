@@ -38,9 +38,11 @@ public:
 
 private:
     using Comm = typename Backend::Comm;
-    void build();                        // set_up's work on this rank
-    void restore();                      // checkpoint.resume, checkpoint.init, or random weights
-    DataPosition data_position() const;  // the loader's position and the shape that gives it its meaning
+    void open_data();                            // set_up's work on this rank: the grid and the loaders,
+    void check_same_data_on_every_rank() const;  // every rank's shards the same,
+    void build();                                // then the model and its state
+    void restore();                              // checkpoint.resume, checkpoint.init, or random weights
+    DataPosition data_position() const;          // the loader's position and the shape that gives it its meaning
     void check_same_data_shape(const DataPosition& saved) const;  // a resume that would re-index the data: refused
     void claim_outputs();            // rank 0: the checkpoint directory, metrics and trace, proven writable
     void check_files_apart() const;  // rank 0: no output is an input, another output or a run directory's file

@@ -12,6 +12,7 @@
 
 #include "common/files.h"
 #include "data/gpt2_tokenizer.h"
+#include "train/start_agreement.h"
 #include "train/stop_signals.h"
 #include "train/trainer.h"
 
@@ -132,6 +133,8 @@ template <class Backend>
 bool Trainer<Backend>::set_up() {
     if (cfg_.train.threads > 0) omp_set_num_threads(cfg_.train.threads);
     set_peer_timeout(cfg_.parallel.timeout_s);
+    if (!trainer_detail::on_every_rank([&] { open_data(); })) return false;
+    if (!trainer_detail::on_every_rank([&] { check_same_data_on_every_rank(); })) return false;
     if (!trainer_detail::on_every_rank([&] { build(); })) return false;
     tokens_per_step_ = shape_.batch * shape_.seq_len * cfg_.train.grad_accum * grid_.dp;
     flops_per_step_ = model_flops_per_token(gpt_, shape_.seq_len) * tokens_per_step_ / grid_.world_size;
@@ -140,8 +143,10 @@ bool Trainer<Backend>::set_up() {
     return true;
 }
 
+// The process grid and the data loaders, every shard's header read (and the
+// validation shards whole): a bad shard costs no set-up.
 template <class Backend>
-void Trainer<Backend>::build() {
+void Trainer<Backend>::open_data() {
     int world;
     MPI_Comm_size(MPI_COMM_WORLD, &world);
     if (world % cfg_.parallel.tp != 0)
@@ -157,6 +162,11 @@ void Trainer<Backend>::build() {
         trainer_detail::check_val_batches_fit(cfg_.train.val_batches, *val_loader_);
         val_loader_->check_every_shard();  // small: a bad one is found now, not at the first validation
     }
+}
+
+// The model, its optimizer and communicators, and the weights to start from.
+template <class Backend>
+void Trainer<Backend>::build() {
     if (!cfg_.checkpoint.init.empty()) check_checkpoint_model(cfg_.checkpoint.init, gpt_);
     runtime_ = std::make_unique<typename Backend::Runtime>(trainer_detail::local_rank());
     tp_comm_ = Backend::make_group(*grid_.tp_group.mpi());
@@ -182,6 +192,25 @@ void Trainer<Backend>::build() {
     }
     restore();
     if (grid_.world_rank == 0) claim_outputs();
+}
+
+// The ranks agreed on the shards' names (agree_on_start); a node whose copy of
+// a shard holds other tokens would train on them silently, so the shards
+// themselves are compared: one line from the lowest rank whose copy differs.
+template <class Backend>
+void Trainer<Backend>::check_same_data_on_every_rank() const {
+    std::string identities;
+    for (const TokenLoader* loader : {train_loader_.get(), val_loader_.get()})
+        if (loader)
+            for (const std::string& shard : loader->shard_paths()) try {
+                    identities += shard + ": " + shard_identity(shard) + "\n";
+                } catch (const FileError& e) {  // compared too: no rank leaves the collective below
+                    identities += shard + ": unreadable (" + e.what() + ")\n";
+                }
+    std::string difference;
+    if (lowest_rank_differing(identities, difference) == grid_.world_rank)
+        throw FileError("its copy of the data differs from rank 0's: " + difference +
+                        "; every rank must read the same shards");
 }
 
 template <class Backend>
