@@ -222,28 +222,71 @@ void Communicator::reduce_scatter(const float* full, float* shard, size_t count)
     wait(t);
 }
 
-// One piece of an all-reduce sum: rank q adds up block q of every rank's
-// data in rank order (blocks by all-to-all), then every rank gathers the
-// sums. Pieces bound the buffer the blocks arrive in.
-void Communicator::all_reduce_piece(float* data, size_t count) {
+// Rank q adds up block q of every rank's data in rank order: the blocks
+// travel by all-to-all.
+void Communicator::sum_blocks(float* data, const std::vector<int>& counts, const std::vector<int>& offsets,
+                              const char* name) {
     const size_t t = size_t(size_);
-    std::vector<int> counts(t), offsets(t), mine(t), at(t);  // block q: [offsets[q], + counts[q])
-    for (size_t q = 0; q < t; q++) {
-        offsets[q] = int(count * q / t);
-        counts[q] = int(count * (q + 1) / t) - offsets[q];
-    }
     const int block = counts[size_t(rank_)];
-    for (size_t q = 0; q < t; q++) mine[q] = block, at[q] = int(q) * block;
-    const int slot = take_scratch(size_t(block) * size_t(size_));
+    std::vector<int> mine(t, block), at(t);
+    for (size_t q = 0; q < t; q++) at[q] = int(q) * block;
+    const int slot = take_scratch(size_t(block) * t);
     float* blocks = scratch_[size_t(slot)]->data.data();
     MPI_Request request;
     MPI_Ialltoallv(data, counts.data(), offsets.data(), MPI_FLOAT, blocks, mine.data(), at.data(), MPI_FLOAT, comm_,
                    &request);
-    wait_or_give_up(&request, "all-reduce", comm_, -1);
+    wait_or_give_up(&request, name, comm_, -1);
     sum_in_rank_order(data + offsets[size_t(rank_)], blocks, size_t(block), size_, size_t(block));
     scratch_[size_t(slot)]->in_use = false;
+}
+
+void Communicator::gather_blocks(float* data, const std::vector<int>& counts, const std::vector<int>& offsets,
+                                 const char* name) {
+    MPI_Request request;
     MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_FLOAT, data, counts.data(), offsets.data(), MPI_FLOAT, comm_, &request);
-    wait_or_give_up(&request, "all-reduce", comm_, -1);
+    wait_or_give_up(&request, name, comm_, -1);
+}
+
+// One piece of an all-reduce sum: a reduce-scatter, then an all-gather, on
+// t blocks as even as the count allows. Pieces bound the buffer the blocks
+// arrive in.
+void Communicator::all_reduce_piece(float* data, size_t count) {
+    const size_t t = size_t(size_);
+    std::vector<int> counts(t), offsets(t);
+    for (size_t q = 0; q < t; q++) {
+        offsets[q] = int(count * q / t);
+        counts[q] = int(count * (q + 1) / t) - offsets[q];
+    }
+    sum_blocks(data, counts, offsets, "all-reduce");
+    gather_blocks(data, counts, offsets, "all-reduce");
+}
+
+static int64_t total_of(const std::vector<int>& counts) {
+    int64_t n = 0;
+    for (int c : counts) n += c;
+    return n;
+}
+
+void Communicator::reduce_scatter_blocks(float* data, const std::vector<int>& counts, const std::vector<int>& offsets) {
+    if (size_ == 1) return;
+    const int64_t count = total_of(counts);
+    bytes.reduce_scatter += count * 4;
+    Transfer t = begin("reduce-scatter", ring_seconds(size_t(count) / size_), true);
+    sum_blocks(data, counts, offsets, "reduce-scatter");
+    sleep_until(t.ready_at);
+    const double end = finish(t);
+    time.exposed += end - t.started;  // blocking: all of it
+}
+
+void Communicator::all_gather_blocks(float* data, const std::vector<int>& counts, const std::vector<int>& offsets) {
+    if (size_ == 1) return;
+    const int64_t count = total_of(counts);
+    bytes.all_gather += count * 4;
+    Transfer t = begin("all-gather", ring_seconds(size_t(count) / size_), true);
+    gather_blocks(data, counts, offsets, "all-gather");
+    sleep_until(t.ready_at);
+    const double end = finish(t);
+    time.exposed += end - t.started;
 }
 
 void Communicator::all_reduce_sum(float* data, size_t count) {

@@ -179,7 +179,8 @@ TEST(Trainer, ASaveOfANonFiniteWeightOrMomentWritesNoFileAndLeavesLatest) {
     model.init_random(1);
     tpsp::AdamWOptimizer<tpsp::CpuBackend> optimizer(model, {});
     tpsp::ShardGatherer<tpsp::CpuBackend> gatherer(model, grid);
-    tpsp::save_run(dir.string(), model, optimizer, grid, gatherer, 1, {});  // a good step 1
+    tpsp::Communicator dp_group;  // a group of one
+    tpsp::save_run(dir.string(), model, optimizer, grid, gatherer, 1, {}, dp_group);  // a good step 1
     auto every_file = [&] {                                                 // name -> CRC-32C of its bytes
         std::map<std::string, uint32_t> files;
         for (const fs::directory_entry& entry : fs::directory_iterator(dir)) {
@@ -193,7 +194,7 @@ TEST(Trainer, ASaveOfANonFiniteWeightOrMomentWritesNoFileAndLeavesLatest) {
 
     auto expect_refused = [&](const std::string& says) {
         try {
-            tpsp::save_run(dir.string(), model, optimizer, grid, gatherer, 2, {});
+            tpsp::save_run(dir.string(), model, optimizer, grid, gatherer, 2, {}, dp_group);
             ADD_FAILURE() << "step 2 was saved";
         } catch (const tpsp::FileError& e) {
             EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
@@ -724,4 +725,98 @@ TEST(Documentation, DocsConfigHoldsTheConfigReferenceOfTheCode) {
     std::string page = read_text(fs::path(TPSP_SOURCE_DIR) / "docs" / "config.md");
     EXPECT_NE(page.find(reference.out), std::string::npos)
         << "docs/config.md's config reference is stale: paste the output of `tpsp config-reference` into it";
+}
+
+// ----------------------------------------------------------------------------
+// data parallelism (docs/design.md §8), under mpirun
+
+namespace {
+
+// dp = 4 (t = 1) or dp = 2 × t = 2 on 4 ranks, 2 micro-batches, dropout 0.1
+const std::string dp_run = short_run + "train.steps=8 train.batch_size=4 train.grad_accum=2 checkpoint.every=4 ";
+
+// The run's losses, and its last model and state files (the whole model and
+// the whole AdamW state, assembled from every rank's shards) as bytes.
+struct DataParallelRun {
+    std::vector<std::string> losses, norms;
+    std::string model, state;
+};
+
+DataParallelRun dp_train(const fs::path& dir, int ranks, const std::string& flags) {
+    fs::create_directories(dir);
+    Outcome r = run(mpirun(ranks) + tiny_train(dir, dp_run + flags), dir);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return {field(dir / "metrics.jsonl", "loss"), field(dir / "metrics.jsonl", "grad_norm"),
+            read_text(dir / "ckpt" / "model_00000008.bin"), read_text(dir / "ckpt" / "state_00000008.bin")};
+}
+
+}  // namespace
+
+// Every element of the gradient is summed over the DP ranks in rank order in
+// every mode, and the norm is taken one way: the distributed optimizer trains
+// the same bits as plain data parallelism, at any bucket size.
+TEST(DataParallelTraining, TheDistributedOptimizerTrainsTheBitsOfPlainDataParallelism) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not installed";
+    fs::path root = scratch_dir();
+    for (const std::string grid : {"parallel.tp=1", "parallel.tp=2"}) {
+        for (const std::string buckets : {"", " parallel.bucket_size=30000"}) {
+            SCOPED_TRACE(grid + buckets);
+            const std::string name = grid.substr(9) + (buckets.empty() ? "" : "_small");
+            DataParallelRun plain = dp_train(root / ("plain" + name), 4, grid + buckets);
+            DataParallelRun sharded =
+                dp_train(root / ("sharded" + name), 4, grid + buckets + " parallel.distributed_optimizer=true");
+            ASSERT_EQ(plain.losses.size(), 8u);
+            EXPECT_EQ(sharded.losses, plain.losses);
+            EXPECT_EQ(sharded.norms, plain.norms);
+            ASSERT_FALSE(plain.model.empty());
+            EXPECT_TRUE(sharded.model == plain.model) << "the weights after step 8 differ";
+            EXPECT_TRUE(sharded.state == plain.state) << "AdamW's moments after step 8 differ";
+        }
+    }
+}
+
+// Another order of sums (dp = 2 against dp = 1 with twice the batch): equal
+// within float rounding, not bit for bit.
+TEST(DataParallelTraining, TwoDataParallelRanksEqualOneWithTheirWholeBatch) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not installed";
+    fs::path root = scratch_dir();
+    DataParallelRun one = dp_train(root / "one", 1, "train.batch_size=8");
+    DataParallelRun two = dp_train(root / "two", 2, "parallel.distributed_optimizer=true");
+    ASSERT_EQ(one.losses.size(), 8u);
+    ASSERT_EQ(two.losses.size(), 8u);
+    for (int i = 0; i < 8; i++)
+        EXPECT_NEAR(std::stod(two.losses[i]), std::stod(one.losses[i]), 1e-4 * std::stod(one.losses[i]))
+            << "step " << i + 1;
+}
+
+// The state file holds the whole optimizer state whatever the mode: a run
+// saved with the distributed optimizer resumes without it (the same bits on
+// the same grid) and at another t (within float rounding).
+TEST(DataParallelTraining, ACheckpointOfTheDistributedOptimizerResumesWithoutItAndAtAnotherT) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not installed";
+    fs::path root = scratch_dir();
+    DataParallelRun straight = dp_train(root / "straight", 2, "parallel.distributed_optimizer=true");
+    ASSERT_EQ(straight.losses.size(), 8u);
+    for (const auto& [ranks, flags] : std::vector<std::pair<int, std::string>>{
+             {2, "parallel.distributed_optimizer=false"}, {4, "parallel.distributed_optimizer=true parallel.tp=2"}}) {
+        SCOPED_TRACE(std::to_string(ranks) + " ranks, " + flags);
+        fs::path cut = root / ("resumed" + std::to_string(ranks));
+        fs::create_directories(cut);
+        fs::copy(root / "straight" / "ckpt", cut / "ckpt");
+        std::ofstream(cut / "ckpt" / "latest") << "4\n";
+        DataParallelRun resumed = dp_train(cut, ranks, flags + " checkpoint.resume=" + (cut / "ckpt").string());
+        ASSERT_EQ(resumed.losses.size(), 4u);  // steps 5-8
+        for (int i = 4; i < 8; i++) {
+            const std::string& loss = resumed.losses[size_t(i - 4)];
+            if (ranks == 2) {
+                EXPECT_EQ(loss, straight.losses[i]) << "step " << i + 1;
+            } else {
+                EXPECT_NEAR(std::stod(loss), std::stod(straight.losses[i]), 1e-4 * std::stod(straight.losses[i]))
+                    << "step " << i + 1;
+            }
+        }
+        if (ranks == 2) {
+            EXPECT_TRUE(resumed.model == straight.model) << "the weights after step 8 differ";
+        }
+    }
 }

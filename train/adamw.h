@@ -1,12 +1,16 @@
 // AdamW (Loshchilov & Hutter) with decoupled weight decay, global gradient
 // norm clipping, and the learning-rate schedule.
 #pragma once
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <vector>
 
 #include "model/gpt.h"
 #include "model/tensor_table.h"
+#include "parallel/communicator.h"
+#include "parallel/dp_buckets.h"
 
 namespace tpsp {
 
@@ -16,40 +20,85 @@ struct AdamWSettings {
 };
 
 // The moments live where the parameters do (the backend's memory), fp32.
+// Without a bucket layout they cover every parameter of this rank, in
+// parameter order. With one (the distributed optimizer, docs/design.md §8)
+// they cover only this DP rank's piece of each bucket, bucket after bucket,
+// each piece padded to the bucket's shard: the state is 8 bytes per
+// parameter divided by dp.
 template <class Backend>
 class AdamWOptimizer {
 public:
-    AdamWOptimizer(const GPTModel<Backend>& model, const AdamWSettings& settings) : settings_(settings) {
-        moment_specs_ = {tensor("m", {{model.num_parameters, "N"}}, &m),
-                         tensor("v", {{model.num_parameters, "N"}}, &v)};
-        arena_ = Arena(moment_specs_, Backend::memory());
+    AdamWOptimizer(const GPTModel<Backend>& model, const AdamWSettings& settings,
+                   const BucketLayout* shards = nullptr, int dp_rank = 0)
+        : settings_(settings), shards_(shards) {
+        std::vector<Piece> tensors;
         int64_t at = 0;
         for (const TensorSpec& t : model.parameter_specs) {
-            ranges_.push_back({at, at + t.elements(), settings.decay_all || parameter_is_matrix(t.name)});
+            tensors.push_back({at, at, t.elements(), settings.decay_all || parameter_is_matrix(t.name)});
             at += t.elements();
         }
+        state_elements_ = shards ? shards->shard_elements() : model.num_parameters;
+        pieces_ = shards ? pieces_of(tensors, *shards, dp_rank) : tensors;
+        moment_specs_ = {tensor("m", {{state_elements_, shards ? "N/d" : "N"}}, &m),
+                         tensor("v", {{state_elements_, shards ? "N/d" : "N"}}, &v)};
+        arena_ = Arena(moment_specs_, Backend::memory());
     }
-    // One update of every parameter; step counts from 1.
+    // One update of the parameters this rank's state covers; step counts from 1.
     void update(GPTModel<Backend>& model, float lr, float grad_scale, int64_t step) {
         const float b1 = settings_.beta1, b2 = settings_.beta2;
         const AdamWStep s{
             lr, b1, b2, settings_.eps, grad_scale, 1.0f - std::pow(b1, float(step)), 1.0f - std::pow(b2, float(step))};
-        for (const Range& r : ranges_)
-            Backend::adamw_update(model.params.wte + r.begin, model.grads.wte + r.begin, m + r.begin, v + r.begin,
-                                  r.end - r.begin, r.decay ? settings_.weight_decay : 0.0f, s);
+        for (const Piece& p : pieces_)
+            Backend::adamw_update(model.params.wte + p.parameter, model.grads.wte + p.parameter, m + p.state,
+                                  v + p.state, p.count, p.decay ? settings_.weight_decay : 0.0f, s);
     }
-    float* m = nullptr;  // first and second moments, in parameter order
+    bool sharded() const { return shards_ != nullptr; }
+    int64_t state_elements() const { return state_elements_; }  // of m, and of v
+    // With shards (host memory): whole [N] = one moment of every parameter of
+    // this rank's TP shard, from every DP rank's pieces. Collective over dp.
+    void gather_moment(const float* moment, float* whole, Communicator& dp) const {
+        for (const Piece& p : pieces_) std::memcpy(whole + p.parameter, moment + p.state, size_t(p.count) * 4);
+        std::vector<int> counts, offsets;
+        for (size_t b = 0; b < shards_->buckets().size(); b++) {
+            shards_->blocks(b, counts, offsets);
+            dp.all_gather_blocks(whole + shards_->buckets()[b].begin, counts, offsets);
+        }
+    }
+    // The inverse, on this rank alone: its pieces of whole [N], into moment.
+    void scatter_moment(const float* whole, float* moment) const {
+        for (const Piece& p : pieces_) std::memcpy(moment + p.state, whole + p.parameter, size_t(p.count) * 4);
+    }
+    float* m = nullptr;  // first and second moments
     float* v = nullptr;
 
 private:
-    struct Range {
-        int64_t begin, end;
+    // count parameters from `parameter` in the flat buffer, their moments from
+    // `state`, with one weight decay
+    struct Piece {
+        int64_t parameter, state, count;
         bool decay;
     };
+    // this rank's piece of each bucket, cut at the tensors' boundaries
+    static std::vector<Piece> pieces_of(const std::vector<Piece>& tensors, const BucketLayout& shards, int dp_rank) {
+        std::vector<Piece> pieces;
+        int64_t state = 0;
+        for (size_t b = 0; b < shards.buckets().size(); b++) {
+            const FlatRange mine = shards.piece(b, dp_rank);
+            for (const Piece& t : tensors) {
+                const int64_t from = std::max(mine.begin, t.parameter);
+                const int64_t to = std::min(mine.begin + mine.count, t.parameter + t.count);
+                if (from < to) pieces.push_back({from, state + (from - mine.begin), to - from, t.decay});
+            }
+            state += shards.buckets()[b].shard;
+        }
+        return pieces;
+    }
     std::vector<TensorSpec> moment_specs_;
     Arena arena_;
-    std::vector<Range> ranges_;
+    std::vector<Piece> pieces_;
     AdamWSettings settings_;
+    const BucketLayout* shards_;
+    int64_t state_elements_ = 0;
 };
 
 using AdamW = AdamWOptimizer<CpuBackend>;

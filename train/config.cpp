@@ -210,6 +210,13 @@ const std::vector<Key>& keys() {
         int_key("parallel.tp_comm_num_splits", [](Config& c) -> int& { return c.parallel.tp_comm_num_splits; }, 1,
                 "chunks of the pipelined reduce-scatters; at most 64 and at most model.channels "
                 "(each chunk is a slice of the h columns)", 64),
+        bool_key("parallel.distributed_optimizer",
+                 [](Config& c) -> bool& { return c.parallel.distributed_optimizer; },
+                 "each data-parallel rank keeps AdamW's state for its shard of the gradients only, "
+                 "reduce-scatters the gradients and all-gathers the updated parameters (CPU backend)"),
+        int_key("parallel.bucket_size", [](Config& c) -> int& { return c.parallel.bucket_size; }, 1,
+                "parameters per data-parallel gradient bucket (at least: whole tensors); buckets are cut in "
+                "the order backward finishes them"),
         int_key("parallel.timeout_s", [](Config& c) -> int& { return c.parallel.timeout_s; }, 1,
                 "seconds a rank waits for its peers in one transfer before it ends the job (an MPI wait; an NCCL operation, through a watchdog)"),
         float_key("parallel.emulated_link.gbps", [](Config& c) -> float& { return c.parallel.emulated_link_gbps; }, 0.0,
@@ -361,6 +368,8 @@ void validate(const Config& c, const std::string& where) {
         fail("parallel.tp_comm_num_splits", std::to_string(c.parallel.tp_comm_num_splits) +
                                                 " is more than model.channels = " + std::to_string(c.model.channels) +
                                                 ": a chunk would hold no column");
+    if (c.train.device == "cuda" && c.parallel.distributed_optimizer)
+        fail("parallel.distributed_optimizer", "is built on the CPU backend so far: it needs train.device: cpu");
     if (c.train.device != "cpu" && c.parallel.emulated_link_gbps > 0)
         fail("parallel.emulated_link.gbps", "the emulated link is a CPU measuring aid: it needs train.device: cpu");
 }

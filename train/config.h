@@ -55,6 +55,16 @@ struct Config {
         bool tp_comm_overlap_rs_dgrad = false;
         std::string tp_comm_rs_method = "ring";  // ring | pipeline
         int tp_comm_num_splits = 4;
+        // Data parallelism (docs/design.md §8): each DP rank keeps AdamW's
+        // state for its shard of every gradient bucket only (Megatron's
+        // distributed optimizer, ZeRO-1). bucket_size: parameters per bucket
+        // (at least; a bucket holds whole tensors): 250000 (1 MB of fp32) is
+        // about a block's linear weight in configs/tiny.yaml, so it has 5
+        // buckets, and GPT-2 124M has 51; large enough that a message's
+        // latency is small beside its transfer, small enough that the last
+        // bucket, which no compute can hide, is short.
+        bool distributed_optimizer = false;
+        int bucket_size = 250000;
         // How long a rank waits for its peers in one transfer before it ends
         // the job (a peer that stopped would otherwise hang it forever).
         int timeout_s = 300;

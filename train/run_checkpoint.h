@@ -108,10 +108,29 @@ inline void commit_pair(AtomicFile& model_file, AtomicFile& state, const std::st
 // committed under their names together, once both are whole and finite. The
 // writer's first error (a FileError) is thrown after the last gather, so
 // that no rank of the group is left waiting in one.
+// With the distributed optimizer the moments are first assembled from the
+// DP ranks' pieces (dp_group, collective over it): the file holds the whole
+// state, whatever dp and the optimizer, and resumes under any.
 template <class Backend>
 void save_run(const std::string& dir, GPTModel<Backend>& model, const AdamWOptimizer<Backend>& opt, ProcessGrid& grid,
-              ShardGatherer<Backend>& gatherer, int step, const DataPosition& data) {
-    if (grid.dp_rank != 0) return;  // every DP replica holds the same model
+              ShardGatherer<Backend>& gatherer, int step, const DataPosition& data,
+              typename Backend::Comm& dp_group) {
+    std::vector<float> whole;  // one moment of this rank's TP shard, from the DP ranks' pieces
+    const auto tp_shard_of = [&](const float* moment) -> const float* {
+        if constexpr (Backend::shards_optimizer_state) {
+            if (opt.sharded()) {
+                whole.resize(size_t(model.num_parameters));
+                opt.gather_moment(moment, whole.data(), dp_group);
+                return whole.data();
+            }
+        }
+        return moment;
+    };
+    if (grid.dp_rank != 0) {  // every DP replica holds the same model
+        if (opt.sharded())
+            for (const float* moment : {opt.m, opt.v}) tp_shard_of(moment);  // its part of the DP gathers
+        return;
+    }
     const int64_t n = full_parameter_count(model.config);
     std::string error;
     auto on_writer = [&](auto&& write) {
@@ -139,7 +158,7 @@ void save_run(const std::string& dir, GPTModel<Backend>& model, const AdamWOptim
         state_crc.update(head, sizeof head);
     });
     for (const auto& moment : {std::pair{opt.m, "AdamW's m"}, std::pair{opt.v, "AdamW's v"}}) {
-        const float* full = gatherer.gather(moment.first);
+        const float* full = gatherer.gather(tp_shard_of(moment.first));
         const char* name = moment.second;  // a plain variable: clang 14 (the fuzz build) captures no bindings
         on_writer([&] {
             check_finite_parameters(model.config, full, state_path + ": not written", name);
@@ -206,7 +225,8 @@ ResumedRun load_run(const std::string& dir, GPTModel<Backend>& model, AdamWOptim
         check_finite_parameters(model.config, full.data(), path, name);
         copy_parameter_shards(model.config, model.tp.size, model.tp.rank, full.data(), shard.data(),
                               ShardDirection::full_to_shard);
-        Backend::upload(moment, shard.data(), shard.size() * sizeof(float));
+        if (opt.sharded()) opt.scatter_moment(shard.data(), moment);  // host memory: the CPU backend
+        else Backend::upload(moment, shard.data(), shard.size() * sizeof(float));
     }
     return {step, {head[2], head[4], head[5], head[6]}};
 }

@@ -101,6 +101,32 @@ bool on_every_rank(F&& work) {
     return false;
 }
 
+// For the gradient norm: rank q's piece of bucket b, cut where its tensors
+// change between TP-sharded (sum 0) and replicated (sum 1); [q][b].
+template <class Backend>
+std::vector<std::vector<std::vector<SquareSumRange>>> norm_ranges(const GPTModel<Backend>& model,
+                                                                    const BucketLayout& buckets) {
+    std::vector<SquareSumRange> tensors;
+    int64_t at = 0;
+    for (const TensorSpec& p : model.parameter_specs) {
+        tensors.push_back({at, p.elements(), parameter_is_replicated(p.name) ? 1 : 0});
+        at += p.elements();
+    }
+    std::vector<std::vector<std::vector<SquareSumRange>>> ranges(size_t(buckets.dp()));
+    for (int q = 0; q < buckets.dp(); q++)
+        for (size_t b = 0; b < buckets.buckets().size(); b++) {
+            const FlatRange piece = buckets.piece(b, q);
+            std::vector<SquareSumRange> cut;
+            for (const SquareSumRange& t : tensors) {
+                const int64_t from = std::max(piece.begin, t.begin);
+                const int64_t to = std::min(piece.begin + piece.count, t.begin + t.count);
+                if (from < to) cut.push_back({from, to - from, t.sum});
+            }
+            ranges[size_t(q)].push_back(cut);
+        }
+    return ranges;
+}
+
 inline LrSchedule schedule_of(const Config::Train& t) {
     return {t.lr, t.min_lr_ratio, t.warmup_steps, t.steps, t.lr_schedule == "cosine"};
 }
@@ -179,9 +205,18 @@ void Trainer<Backend>::build() {
     }
     const TensorParallelism tp{grid_.tp, grid_.tp_rank, cfg_.parallel.sequence_parallel, cfg_.overlap()};
     model_ = std::make_unique<GPTModel<Backend>>(gpt_, shape_, tp, tp_comm_.get());
+    std::vector<int64_t> tensor_sizes;
+    for (const TensorSpec& p : model_->parameter_specs) tensor_sizes.push_back(p.elements());
+    buckets_ = BucketLayout(tensor_sizes, cfg_.parallel.bucket_size, grid_.dp);
+    norm_ranges_ = trainer_detail::norm_ranges(*model_, buckets_);
+    const bool distributed = cfg_.parallel.distributed_optimizer;
+    if (distributed && !Backend::shards_optimizer_state)
+        throw ConfigError(std::string("parallel.distributed_optimizer: not built on the ") + Backend::name +
+                          " backend yet: it needs train.device: cpu");
     const Config::Train& t = cfg_.train;
     optimizer_ = std::make_unique<AdamWOptimizer<Backend>>(
-        *model_, AdamWSettings{t.beta1, t.beta2, t.eps, t.weight_decay, t.decay_all});
+        *model_, AdamWSettings{t.beta1, t.beta2, t.eps, t.weight_decay, t.decay_all},
+        distributed ? &buckets_ : nullptr, grid_.dp_rank);
     if (!cfg_.checkpoint.dir.empty() || cfg_.logging.sample_every > 0)
         gatherer_ = std::make_unique<ShardGatherer<Backend>>(*model_, grid_);
     if (cfg_.logging.sample_every > 0) {
@@ -454,13 +489,10 @@ StepMetrics Trainer<Backend>::train_step(int step) {
         model.backward(dloss);
     }
     model.reduce_replicated_grads();
-    dp_comm_->all_reduce_sum(model.grads.wte, size_t(model.num_parameters));
+    reduce_data_parallel_grads();
     dp_comm_->all_reduce_sum(&loss, 1);
     loss /= double(cfg_.train.grad_accum) * grid_.dp;
-    double norm_parts[2];
-    model.grad_square_sums(&norm_parts[0], &norm_parts[1]);
-    tp_comm_->all_reduce_sum(&norm_parts[0], 1);  // shards add up; replicated tensors count once
-    const float norm = float(std::sqrt(norm_parts[0] + norm_parts[1]));
+    const float norm = global_grad_norm();
     // every rank decides alike: a non-finite step is not applied; a caught signal stops the run after this step
     int verdict[2] = {std::isfinite(loss) && std::isfinite(norm) ? 0 : 1, stop_signal_caught()};
     all_reduce_ints(verdict, 2, MPI_MAX, MPI_COMM_WORLD, "agreement on the step");
@@ -469,6 +501,7 @@ StepMetrics Trainer<Backend>::train_step(int step) {
     const float clip = cfg_.train.grad_clip > 0 && norm > cfg_.train.grad_clip ? cfg_.train.grad_clip / norm : 1.0f;
     const float lr = schedule_.at(step);
     if (!diverged_) optimizer_->update(model, lr, clip, step + 1);
+    if (!diverged_ && optimizer_->sharded()) gather_updated_parameters();
     Backend::synchronize();
     const double seconds = trainer_detail::seconds_since(start);
     tracer_.record("step", Track::compute, now_seconds() - seconds, now_seconds());
@@ -484,6 +517,67 @@ StepMetrics Trainer<Backend>::train_step(int step) {
     m.bytes = tp_comm_->bytes;
     m.comm = tp_comm_->time;
     return m;
+}
+
+// The gradients summed over the DP group, bucket by bucket, as a
+// reduce-scatter (each rank sums its piece, in rank order) and then, unless
+// each rank updates only its piece (the distributed optimizer), an
+// all-gather: every element is summed in the same order in every mode.
+template <class Backend>
+void Trainer<Backend>::reduce_data_parallel_grads() {
+    if (grid_.dp == 1) return;
+    if constexpr (Backend::shards_optimizer_state) {
+        std::vector<int> counts, offsets;
+        for (size_t b = 0; b < buckets_.buckets().size(); b++) {
+            buckets_.blocks(b, counts, offsets);
+            float* bucket = model_->grads.wte + buckets_.buckets()[b].begin;
+            dp_comm_->reduce_scatter_blocks(bucket, counts, offsets);
+            if (!optimizer_->sharded()) dp_comm_->all_gather_blocks(bucket, counts, offsets);
+        }
+    } else {
+        dp_comm_->all_reduce_sum(model_->grads.wte, size_t(model_->num_parameters));
+    }
+}
+
+// The distributed optimizer's rank updated its piece of each bucket: every
+// rank gathers the others'.
+template <class Backend>
+void Trainer<Backend>::gather_updated_parameters() {
+    if constexpr (Backend::shards_optimizer_state) {
+        std::vector<int> counts, offsets;
+        for (size_t b = 0; b < buckets_.buckets().size(); b++) {
+            buckets_.blocks(b, counts, offsets);
+            dp_comm_->all_gather_blocks(model_->params.wte + buckets_.buckets()[b].begin, counts, offsets);
+        }
+    }
+}
+
+// ‖g‖ over the whole model, computed one way in every mode: the square sums
+// of each rank's piece of each bucket (sharded and replicated tensors
+// apart), added over the DP ranks in rank order, then over the buckets in
+// order; the sharded part over the TP group. Where every rank holds the whole
+// reduced gradient it computes every rank's pieces itself, the same sums.
+template <class Backend>
+float Trainer<Backend>::global_grad_norm() {
+    const size_t buckets = buckets_.buckets().size();
+    std::vector<double> parts(2 * buckets * size_t(grid_.dp), 0.0);  // [dp rank][bucket][sharded, replicated]
+    const bool own_pieces_only = optimizer_->sharded();
+    for (int q = 0; q < grid_.dp; q++) {
+        if (own_pieces_only && q != grid_.dp_rank) continue;
+        for (size_t b = 0; b < buckets; b++)
+            Backend::square_sums(model_->grads.wte, norm_ranges_[size_t(q)][b], &parts[(size_t(q) * buckets + b) * 2]);
+    }
+    std::vector<double> summed(2 * buckets);
+    if (own_pieces_only) {
+        std::copy_n(&parts[size_t(grid_.dp_rank) * 2 * buckets], 2 * buckets, summed.data());
+        dp_comm_->all_reduce_sum(summed.data(), summed.size());  // in rank order
+    } else {
+        sum_in_rank_order(summed.data(), parts.data(), summed.size(), grid_.dp, summed.size());
+    }
+    double sharded = 0.0, replicated = 0.0;
+    for (size_t b = 0; b < buckets; b++) sharded += summed[2 * b], replicated += summed[2 * b + 1];
+    tp_comm_->all_reduce_sum(&sharded, 1);  // shards add up; replicated tensors count once
+    return float(std::sqrt(sharded + replicated));
 }
 
 template <class Backend>
@@ -526,7 +620,7 @@ void Trainer<Backend>::sample(int done) {
 
 template <class Backend>
 void Trainer<Backend>::save(int done) {
-    save_run(cfg_.checkpoint.dir, *model_, *optimizer_, grid_, *gatherer_, done, data_position());
+    save_run(cfg_.checkpoint.dir, *model_, *optimizer_, grid_, *gatherer_, done, data_position(), *dp_comm_);
     if (grid_.world_rank != 0) return;
     run_dir_.prune(cfg_.checkpoint.keep_last);
     std::printf("saved %s\n", step_file(cfg_.checkpoint.dir, "model", done).c_str());

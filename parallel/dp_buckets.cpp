@@ -1,0 +1,52 @@
+#include "parallel/dp_buckets.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace tpsp {
+
+BucketLayout::BucketLayout(const std::vector<int64_t>& tensor_sizes, int64_t bucket_size, int dp) : dp_(dp) {
+    if (bucket_size < 1 || dp < 1) throw std::invalid_argument("BucketLayout: bucket_size and dp must be positive");
+    int64_t end = 0;
+    for (int64_t n : tensor_sizes) end += n;
+    // from the last tensor back, closing a bucket once it holds bucket_size
+    GradientBucket open{end, end, 0};
+    for (size_t i = tensor_sizes.size(); i-- > 0;) {
+        open.begin -= tensor_sizes[i];
+        if (open.end - open.begin >= bucket_size || i == 0) {
+            open.shard = (open.end - open.begin + dp - 1) / dp;
+            buckets_.push_back(open);
+            open = {open.begin, open.begin, 0};
+        }
+    }
+}
+
+FlatRange BucketLayout::piece(size_t b, int q) const {
+    const GradientBucket& bucket = buckets_[b];
+    const int64_t begin = std::min(bucket.begin + int64_t(q) * bucket.shard, bucket.end);
+    return {begin, std::min(bucket.shard, bucket.end - begin)};
+}
+
+void BucketLayout::blocks(size_t b, std::vector<int>& counts, std::vector<int>& offsets) const {
+    counts.resize(size_t(dp_));
+    offsets.resize(size_t(dp_));
+    for (int q = 0; q < dp_; q++) {
+        const FlatRange p = piece(b, q);
+        counts[size_t(q)] = int(p.count);
+        offsets[size_t(q)] = int(p.begin - buckets_[b].begin);
+    }
+}
+
+int64_t BucketLayout::shard_elements() const {
+    int64_t n = 0;
+    for (const GradientBucket& b : buckets_) n += b.shard;
+    return n;
+}
+
+int64_t BucketLayout::padding() const {
+    int64_t n = 0;
+    for (const GradientBucket& b : buckets_) n += b.end - b.begin;
+    return int64_t(dp_) * shard_elements() - n;
+}
+
+}  // namespace tpsp

@@ -1,0 +1,51 @@
+// Data parallelism's view of one rank's gradient buffer (docs/design.md §8).
+//
+// The buffer is the model's parameters in their order, flat (model.grads).
+// Backward finishes them from the last block to the first, so the buckets
+// are cut from the end: bucket 0 holds the last tensors, and each bucket
+// takes whole tensors until it holds at least bucket_size elements. Bucket b
+// of L elements is split into dp shards of ⌈L/dp⌉ (the last ones shorter, or
+// empty: the padding is never sent, and only the optimizer state is sized
+// with it). Rank q's piece of bucket b is its q-th shard: the part of every
+// gradient that rank q reduces and, with the distributed optimizer, updates.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace tpsp {
+
+// [begin, begin + count) of the flat buffer
+struct FlatRange {
+    int64_t begin = 0, count = 0;
+};
+
+struct GradientBucket {
+    int64_t begin = 0, end = 0;  // the flat buffer's [begin, end), whole tensors
+    int64_t shard = 0;           // ⌈(end − begin) / dp⌉
+};
+
+class BucketLayout {
+public:
+    BucketLayout() = default;
+    // tensor_sizes: the elements of each parameter tensor, in buffer order
+    BucketLayout(const std::vector<int64_t>& tensor_sizes, int64_t bucket_size, int dp);
+
+    const std::vector<GradientBucket>& buckets() const { return buckets_; }
+    int dp() const { return dp_; }
+    // rank q's shard of bucket b, in the flat buffer (count may be 0)
+    FlatRange piece(size_t b, int q) const;
+    // every rank's piece of bucket b, for one collective: [count, offset from
+    // the bucket's begin] per rank
+    void blocks(size_t b, std::vector<int>& counts, std::vector<int>& offsets) const;
+    // the elements of a rank's optimizer state: Σ over buckets of ⌈L/dp⌉
+    int64_t shard_elements() const;
+    // dp · shard_elements − the buffer's elements: the padding, never sent
+    int64_t padding() const;
+
+private:
+    std::vector<GradientBucket> buckets_;
+    int dp_ = 1;
+};
+
+}  // namespace tpsp
