@@ -5,14 +5,14 @@
 
 namespace tpsp {
 
-BucketLayout::BucketLayout(const std::vector<int64_t>& tensor_sizes, int64_t bucket_size, int dp) : dp_(dp) {
+BucketLayout::BucketLayout(const std::vector<int64_t>& unit_sizes, int64_t bucket_size, int dp) : dp_(dp) {
     if (bucket_size < 1 || dp < 1) throw std::invalid_argument("BucketLayout: bucket_size and dp must be positive");
     int64_t end = 0;
-    for (int64_t n : tensor_sizes) end += n;
-    // from the last tensor back, closing a bucket once it holds bucket_size
+    for (int64_t n : unit_sizes) end += n;
+    // from the last unit back, closing a bucket once it holds bucket_size
     GradientBucket open{end, end, 0};
-    for (size_t i = tensor_sizes.size(); i-- > 0;) {
-        open.begin -= tensor_sizes[i];
+    for (size_t i = unit_sizes.size(); i-- > 0;) {
+        open.begin -= unit_sizes[i];
         if (open.end - open.begin >= bucket_size || i == 0) {
             open.shard = (open.end - open.begin + dp - 1) / dp;
             buckets_.push_back(open);

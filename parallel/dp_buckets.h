@@ -1,13 +1,14 @@
 // Data parallelism's view of one rank's gradient buffer (docs/design.md §8).
 //
-// The buffer is the model's parameters in their order, flat (model.grads).
-// Backward finishes them from the last block to the first, so the buckets
-// are cut from the end: bucket 0 holds the last tensors, and each bucket
-// takes whole tensors until it holds at least bucket_size elements. Bucket b
-// of L elements is split into dp shards of ⌈L/dp⌉ (the last ones shorter, or
-// empty: the padding is never sent, and only the optimizer state is sized
-// with it). Rank q's piece of bucket b is its q-th shard: the part of every
-// gradient that rank q reduces and, with the distributed optimizer, updates.
+// The buffer is the model's parameters in their order, flat (model.grads),
+// made of units (a tensor, or one layer's slice of one). The buckets are cut
+// from the end: bucket 0 holds the last units, and each bucket takes whole
+// units until it holds at least bucket_size elements. Bucket b of L elements
+// is split into dp shards of ⌈L/dp⌉ (the last ones shorter, or empty: the
+// padding is never sent, and only the optimizer state is sized with it).
+// Rank q's piece of bucket b is its q-th shard: the part of every gradient
+// that rank q sums over the ranks and, with the distributed optimizer,
+// updates.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -21,15 +22,15 @@ struct FlatRange {
 };
 
 struct GradientBucket {
-    int64_t begin = 0, end = 0;  // the flat buffer's [begin, end), whole tensors
+    int64_t begin = 0, end = 0;  // the flat buffer's [begin, end), whole units
     int64_t shard = 0;           // ⌈(end − begin) / dp⌉
 };
 
 class BucketLayout {
 public:
     BucketLayout() = default;
-    // tensor_sizes: the elements of each parameter tensor, in buffer order
-    BucketLayout(const std::vector<int64_t>& tensor_sizes, int64_t bucket_size, int dp);
+    // unit_sizes: the elements of each unit, in buffer order
+    BucketLayout(const std::vector<int64_t>& unit_sizes, int64_t bucket_size, int dp);
 
     const std::vector<GradientBucket>& buckets() const { return buckets_; }
     int dp() const { return dp_; }

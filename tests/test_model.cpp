@@ -446,3 +446,70 @@ TEST(Sampling, TemperatureZeroIsArgmaxAndTopKStaysInTheTopK) {
     }
     EXPECT_EQ(sample_token(logits.data(), 5, 1.0f, 0, 0.0f), 1);  // the smallest coin takes the likeliest
 }
+
+// ----------------------------------------------------------------------------
+// data parallelism's buckets and the distributed optimizer's memory (docs/design.md §8)
+
+// Units of odd sizes, dp = 3: the buckets cover the buffer from its end, each
+// of whole units and at least bucket_size but the first bucket of the buffer;
+// each bucket's dp pieces cover it once, in rank order; the padding is what
+// the ⌈L/dp⌉ shards add.
+TEST(DataParallel, BucketsCoverTheBufferFromItsEndAndTheirPiecesCoverEachBucketOnce) {
+    const std::vector<int64_t> units = {7, 5, 13, 1, 9, 2, 2};  // 39 elements
+    const BucketLayout layout(units, 10, 3);
+    const std::vector<GradientBucket>& buckets = layout.buckets();
+    ASSERT_EQ(buckets.size(), 3u);  // [26, 39) = 9 + 2 + 2, [12, 26) = 13 + 1, [0, 12) = 7 + 5
+    int64_t end = 39, padded = 0;
+    for (size_t b = 0; b < buckets.size(); b++) {
+        EXPECT_EQ(buckets[b].end, end);
+        if (b + 1 < buckets.size()) {
+            EXPECT_GE(buckets[b].end - buckets[b].begin, 10);
+        }
+        int64_t at = buckets[b].begin;
+        for (int q = 0; q < 3; q++) {
+            const FlatRange p = layout.piece(b, q);
+            EXPECT_EQ(p.begin, at) << "bucket " << b << " rank " << q;
+            EXPECT_LE(p.count, buckets[b].shard);
+            at += p.count;
+        }
+        EXPECT_EQ(at, buckets[b].end);
+        padded += 3 * buckets[b].shard;
+        end = buckets[b].begin;
+    }
+    EXPECT_EQ(end, 0);
+    EXPECT_EQ(buckets[0].begin, 26);
+    EXPECT_EQ(buckets[1].begin, 12);
+    EXPECT_EQ(layout.padding(), padded - 39);
+    EXPECT_GT(layout.padding(), 0);
+    EXPECT_EQ(layout.shard_elements() * 3, padded);
+}
+
+// The distributed optimizer's arena on each of d ranks is the formula's
+// 8·(N + padding)/d bytes, the plain one's 8N, beside 4N of parameters and
+// 4N of gradients: Megatron's 16 → 8 + 8/d bytes per parameter.
+TEST(DataParallel, TheOptimizerArenaOfEveryRankEqualsTheFormula) {
+    GPTConfig c;
+    c.num_layers = 3, c.num_heads = 3, c.channels = 48, c.max_seq_len = 37;
+    c.vocab_size = 50, c.padded_vocab_size = 61;  // odd sizes: the shards need padding
+    GPT model(c, RunShape{1, 37, 0.0f});
+    const int64_t n = model.num_parameters;
+    bool padded_somewhere = false;
+    for (int dp : {1, 2, 3, 4, 7}) {
+        SCOPED_TRACE("d=" + std::to_string(dp));
+        const BucketLayout layout(bucket_units(model.parameter_specs), 2000, dp);
+        const ModelStateBytes formula = model_state_bytes(c, 1, 2000, dp, true);
+        EXPECT_EQ(formula.parameters, 4 * n);
+        EXPECT_EQ(int64_t(model.param_arena.bytes()), formula.parameters);
+        EXPECT_EQ(int64_t(model.grad_arena.bytes()), formula.gradients);
+        EXPECT_EQ(formula.optimizer * dp, 8 * (n + formula.padding));
+        for (int rank = 0; rank < dp; rank++) {
+            AdamW sharded(model, {}, &layout, rank);
+            EXPECT_EQ(int64_t(sharded.bytes()), formula.optimizer) << "rank " << rank;
+        }
+        AdamW plain(model, {});
+        EXPECT_EQ(int64_t(plain.bytes()), model_state_bytes(c, 1, 2000, dp, false).optimizer);
+        EXPECT_EQ(int64_t(plain.bytes()), 8 * n);
+        padded_somewhere = padded_somewhere || formula.padding > 0;
+    }
+    EXPECT_TRUE(padded_somewhere) << "no d needed padding: the case proves less than it says";
+}

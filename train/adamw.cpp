@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 
 namespace tpsp {
 
@@ -12,6 +13,46 @@ float LrSchedule::at(int step) const {
     int span = std::max(1, total_steps - warmup_steps);
     float progress = std::min(1.0f, float(step - warmup_steps) / float(span));
     return min_lr + 0.5f * (1.0f + std::cos(float(M_PI) * progress)) * (lr - min_lr);
+}
+
+ModelStateBytes model_state_bytes(const GPTConfig& config, int tp, int64_t bucket_size, int dp, bool distributed) {
+    ParameterTensors unused;
+    const std::vector<int64_t> units = bucket_units(parameter_table(config, tp, &unused));
+    int64_t n = 0;
+    for (int64_t u : units) n += u;
+    const BucketLayout layout(units, bucket_size, dp);
+    ModelStateBytes bytes;
+    bytes.parameters = bytes.gradients = 4 * n;
+    bytes.optimizer = 8 * (distributed ? layout.shard_elements() : n);
+    bytes.buckets = int64_t(layout.buckets().size());
+    bytes.padding = layout.padding();
+    return bytes;
+}
+
+std::string model_state_table(const GPTConfig& config, int tp, int64_t bucket_size) {
+    std::string text;
+    char line[256];
+    const int64_t n = model_state_bytes(config, tp, bucket_size, 1, false).parameters / 4;
+    std::snprintf(line, sizeof line,
+                  "\nmodel state per rank: N = %lld parameters (this rank's TP shard, t = %d), fp32 (e = 4), "
+                  "parallel.bucket_size %lld\n",
+                  (long long)n, tp, (long long)bucket_size);
+    text += line;
+    std::snprintf(line, sizeof line, "  %-12s %3s %8s %9s %14s %14s %14s %14s %9s  %s\n", "optimizer", "d", "buckets",
+                  "padding", "parameters", "gradients", "AdamW m, v", "total", "B/param", "formula");
+    text += line;
+    for (const bool distributed : {false, true})
+        for (const int dp : {1, 2, 4, 8}) {
+            const ModelStateBytes b = model_state_bytes(config, tp, bucket_size, dp, distributed);
+            const double formula = distributed ? 8.0 + 8.0 * double(n + b.padding) / (double(dp) * n) : 16.0;
+            std::snprintf(line, sizeof line, "  %-12s %3d %8lld %9lld %14lld %14lld %14lld %14lld %9.3f  %s = %.3f\n",
+                          distributed ? "distributed" : "plain", dp, (long long)b.buckets, (long long)b.padding,
+                          (long long)b.parameters, (long long)b.gradients, (long long)b.optimizer,
+                          (long long)b.total(), double(b.total()) / double(n),
+                          distributed ? "8 + 8(N + padding)/(dN)" : "16", formula);
+            text += line;
+        }
+    return text;
 }
 
 }  // namespace tpsp

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <cstdint>
 #include <vector>
 
@@ -53,6 +54,7 @@ public:
                                   v + p.state, p.count, p.decay ? settings_.weight_decay : 0.0f, s);
     }
     bool sharded() const { return shards_ != nullptr; }
+    size_t bytes() const { return arena_.bytes(); }  // m and v
     int64_t state_elements() const { return state_elements_; }  // of m, and of v
     // With shards (host memory): whole [N] = one moment of every parameter of
     // this rank's TP shard, from every DP rank's pieces. Collective over dp.
@@ -102,6 +104,31 @@ private:
 };
 
 using AdamW = AdamWOptimizer<CpuBackend>;
+
+// The units a bucket is made of: each tensor, or for a tensor of every
+// layer ([L, …] in llm.c's layout) each layer's slice, in buffer order.
+inline std::vector<int64_t> bucket_units(const std::vector<TensorSpec>& parameters) {
+    std::vector<int64_t> units;
+    for (const TensorSpec& t : parameters) {
+        const bool layered = t.shape.size() > 1 && t.shape[0].symbol == "L";
+        const int64_t slices = layered ? t.shape[0].size : 1;
+        for (int64_t l = 0; l < slices; l++) units.push_back(t.elements() / slices);
+    }
+    return units;
+}
+
+// What one rank holds of the model's state with fp32 parameters, gradients
+// and moments (the CPU backend), N its TP shard's parameters: 16N bytes, or
+// with the distributed optimizer 8N + 8·(N + padding)/d: Megatron's
+// "16 → 8 + 8/d" bytes per parameter.
+struct ModelStateBytes {
+    int64_t parameters = 0, gradients = 0, optimizer = 0;
+    int64_t buckets = 0, padding = 0;  // of the layout: elements never sent
+    int64_t total() const { return parameters + gradients + optimizer; }
+};
+ModelStateBytes model_state_bytes(const GPTConfig& config, int tp, int64_t bucket_size, int dp, bool distributed);
+// `tpsp memory`'s table of it for d = 1, 2, 4, 8, plain and distributed.
+std::string model_state_table(const GPTConfig& config, int tp, int64_t bucket_size);
 
 struct LrSchedule {
     float lr, min_lr_ratio;

@@ -58,9 +58,9 @@ struct Config {
         // Data parallelism (docs/design.md §8): each DP rank keeps AdamW's
         // state for its shard of every gradient bucket only (Megatron's
         // distributed optimizer, ZeRO-1). bucket_size: parameters per bucket
-        // (at least; a bucket holds whole tensors): 250000 (1 MB of fp32) is
-        // about a block's linear weight in configs/tiny.yaml, so it has 5
-        // buckets, and GPT-2 124M has 51; large enough that a message's
+        // (at least; a bucket holds whole tensors or layer slices of them):
+        // 250000 (1 MB of fp32) gives configs/tiny.yaml 4 buckets and GPT-2
+        // 124M 50 (`tpsp memory` prints them): large enough that a message's
         // latency is small beside its transfer, small enough that the last
         // bucket, which no compute can hide, is short.
         bool distributed_optimizer = false;

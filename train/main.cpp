@@ -33,6 +33,7 @@
 #include "data/prepare.h"
 #include "model/cpu_blas.h"
 #include "model/memory_report.h"
+#include "train/adamw.h"
 #include "train/benchmark.h"
 #include "train/config.h"
 #include "train/sample.h"
@@ -139,6 +140,7 @@ int command_memory(const Config& cfg) {
     const TensorParallelism tp{cfg.parallel.tp, 0, cfg.parallel.sequence_parallel, cfg.overlap()};
     const MemoryReport report = memory_report(cfg.gpt(), cfg.run_shape(), tp, resolve_device(cfg, false));
     std::fputs(report.text.c_str(), stdout);
+    std::fputs(model_state_table(cfg.gpt(), cfg.parallel.tp, cfg.parallel.bucket_size).c_str(), stdout);
     return report.equal() ? 0 : 1;
 }
 

@@ -205,9 +205,7 @@ void Trainer<Backend>::build() {
     }
     const TensorParallelism tp{grid_.tp, grid_.tp_rank, cfg_.parallel.sequence_parallel, cfg_.overlap()};
     model_ = std::make_unique<GPTModel<Backend>>(gpt_, shape_, tp, tp_comm_.get());
-    std::vector<int64_t> tensor_sizes;
-    for (const TensorSpec& p : model_->parameter_specs) tensor_sizes.push_back(p.elements());
-    buckets_ = BucketLayout(tensor_sizes, cfg_.parallel.bucket_size, grid_.dp);
+    buckets_ = BucketLayout(bucket_units(model_->parameter_specs), cfg_.parallel.bucket_size, grid_.dp);
     norm_ranges_ = trainer_detail::norm_ranges(*model_, buckets_);
     const bool distributed = cfg_.parallel.distributed_optimizer;
     if (distributed && !Backend::shards_optimizer_state)
