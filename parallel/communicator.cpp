@@ -140,7 +140,7 @@ double Communicator::finish(Transfer& t) {
     t.active = false;
     if (!t.counts) return end;
     time.total += end - t.started;
-    if (tracer) tracer->record(t.name, Track::communication, t.started, end);
+    if (tracer) tracer->record(t.name, track, t.started, end);
     return end;
 }
 
@@ -267,23 +267,25 @@ static int64_t total_of(const std::vector<int>& counts) {
     return n;
 }
 
-void Communicator::reduce_scatter_blocks(float* data, const std::vector<int>& counts, const std::vector<int>& offsets) {
+void Communicator::reduce_scatter_blocks(float* data, const std::vector<int>& counts, const std::vector<int>& offsets,
+                                         const char* name) {
     if (size_ == 1) return;
     const int64_t count = total_of(counts);
     bytes.reduce_scatter += count * 4;
-    Transfer t = begin("reduce-scatter", ring_seconds(size_t(count) / size_), true);
-    sum_blocks(data, counts, offsets, "reduce-scatter");
+    Transfer t = begin(name, ring_seconds(size_t(count) / size_), true);
+    sum_blocks(data, counts, offsets, name);
     sleep_until(t.ready_at);
     const double end = finish(t);
     time.exposed += end - t.started;  // blocking: all of it
 }
 
-void Communicator::all_gather_blocks(float* data, const std::vector<int>& counts, const std::vector<int>& offsets) {
+void Communicator::all_gather_blocks(float* data, const std::vector<int>& counts, const std::vector<int>& offsets,
+                                     const char* name) {
     if (size_ == 1) return;
     const int64_t count = total_of(counts);
     bytes.all_gather += count * 4;
-    Transfer t = begin("all-gather", ring_seconds(size_t(count) / size_), true);
-    gather_blocks(data, counts, offsets, "all-gather");
+    Transfer t = begin(name, ring_seconds(size_t(count) / size_), true);
+    gather_blocks(data, counts, offsets, name);
     sleep_until(t.ready_at);
     const double end = finish(t);
     time.exposed += end - t.started;

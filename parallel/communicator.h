@@ -112,9 +112,11 @@ public:
     // [offsets[q], offsets[q] + counts[q]). An all-reduce is the two in turn.
     // data's block of this rank = Σ_ranks their data's block of this rank;
     // the other blocks are left as they were
-    void reduce_scatter_blocks(float* data, const std::vector<int>& counts, const std::vector<int>& offsets);
+    void reduce_scatter_blocks(float* data, const std::vector<int>& counts, const std::vector<int>& offsets,
+                               const char* name);
     // data's block q = rank q's data's block q, for every q
-    void all_gather_blocks(float* data, const std::vector<int>& counts, const std::vector<int>& offsets);
+    void all_gather_blocks(float* data, const std::vector<int>& counts, const std::vector<int>& offsets,
+                           const char* name);
     // receive [size · count] on root = every rank's send [count] (checkpoints; not counted)
     void gather(const float* send, float* receive, size_t count, int root);
 
@@ -143,13 +145,13 @@ public:
     CollectiveBytes bytes;   // since the last reset, for the step log
     CommunicationTime time;  // since the last reset
     Tracer* tracer = nullptr;
+    Track track = Track::communication;  // the trace's row for this group's transfers
 
 private:
     Transfer begin(const char* name, double link_seconds, bool counts);
     void all_reduce_piece(float* data, size_t count);
     void sum_blocks(float* data, const std::vector<int>& counts, const std::vector<int>& offsets, const char* name);
-    void gather_blocks(float* data, const std::vector<int>& counts, const std::vector<int>& offsets,
-                       const char* name);
+    void gather_blocks(float* data, const std::vector<int>& counts, const std::vector<int>& offsets, const char* name);
     double finish(Transfer& t);  // returns when it finished
     double ring_seconds(size_t shard_count) const;
     // reduce-scatter buffers, reused: one per transfer in flight

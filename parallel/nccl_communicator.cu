@@ -109,7 +109,7 @@ bool NcclCommunicator::test(Transfer& t) {
     if (t.counts) {
         const double end = now_seconds();
         time.total += end - t.started;
-        if (tracer) tracer->record(t.name, Track::communication, t.started, end);
+        if (tracer) tracer->record(t.name, track, t.started, end);
     }
     return true;
 }

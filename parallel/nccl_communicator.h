@@ -88,6 +88,7 @@ public:
     CollectiveBytes bytes;
     CommunicationTime time;
     Tracer* tracer = nullptr;
+    Track track = Track::communication;  // the trace's row for this group's transfers
 
 private:
     // The communication stream waits for the compute stream's work so far.

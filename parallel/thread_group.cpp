@@ -49,7 +49,7 @@ void ThreadCommunicator::record(const char* name, double started) {
     const double end = now_seconds();
     time.total += end - started;
     time.exposed += end - started;
-    if (tracer) tracer->record(name, Track::communication, started, end);
+    if (tracer) tracer->record(name, track, started, end);
 }
 
 ThreadCommunicator::Transfer ThreadCommunicator::start_all_gather(const float* shard, float* full, size_t count,

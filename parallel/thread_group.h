@@ -87,6 +87,7 @@ public:
     CollectiveBytes bytes;
     CommunicationTime time;  // all of it exposed: nothing is in flight while computing
     Tracer* tracer = nullptr;
+    Track track = Track::communication;  // the trace's row for this group's transfers
 
 private:
     template <class T>

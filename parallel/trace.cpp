@@ -65,7 +65,7 @@ void Tracer::reserve_file(const std::string& path, int ranks) {
 void Tracer::write(const std::string& path, int rank, void* comm_ptr) {
     MPI_Comm comm = *static_cast<MPI_Comm*>(comm_ptr);
     std::string json;
-    char line[256];
+    char line[512];  // the longest: the three rows' names
     for (const Event& e : events_) {
         std::snprintf(line, sizeof line,
                       ",\n{\"name\": \"%s\", \"ph\": \"X\", \"pid\": %d, \"tid\": %d, \"ts\": %.3f, \"dur\": %.3f}",
@@ -77,8 +77,10 @@ void Tracer::write(const std::string& path, int rank, void* comm_ptr) {
         ",\n{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": {\"name\": \"rank %d\"}}"
         ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 0, \"args\": {\"name\": \"compute\"}}"
         ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 1, \"args\": {\"name\": "
-        "\"communication\"}}",
-        rank, rank, rank, rank);
+        "\"communication\"}}"
+        ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 2, \"args\": {\"name\": "
+        "\"data-parallel communication\"}}",
+        rank, rank, rank, rank, rank);
     json += line;
     int size = 0, length = int(json.size());
     MPI_Comm_size(comm, &size);

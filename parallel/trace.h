@@ -12,7 +12,7 @@
 
 namespace tpsp {
 
-enum class Track { compute = 0, communication = 1 };
+enum class Track { compute = 0, communication = 1, data_parallel = 2 };  // data_parallel: the DP group's
 
 // Seconds on a clock all ranks of one machine share (CLOCK_MONOTONIC).
 double now_seconds();

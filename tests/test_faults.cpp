@@ -409,10 +409,20 @@ TEST(Faults, SigtermToOneRankStopsAndSavesOnEveryRank) {
     EXPECT_FALSE(holds_a_temporary(dir / "ckpt"));
 }
 
+void expect_a_stopped_rank_named(const fs::path& dir, const std::string& grid);
+
 TEST(Faults, AStoppedRankEndsTheJobAfterParallelTimeoutInsteadOfHangingIt) {
     if (!have_mpirun()) GTEST_SKIP() << "mpirun not installed, or tpsp built without MPI";
-    fs::path dir = scratch_dir();
-    Background job(two_ranks_training(dir, "parallel.timeout_s=3"), dir);
+    for (const std::string grid : {"", " parallel.tp=1 parallel.distributed_optimizer=true"}) {
+        SCOPED_TRACE(grid.empty() ? "t = 2" : "dp = 2, distributed optimizer");
+        expect_a_stopped_rank_named(scratch_dir(), grid);
+    }
+}
+
+// Rank 1 of a running job stopped (SIGSTOP) after step 2: rank 0 ends the job
+// after parallel.timeout_s = 3 s, naming rank 1.
+void expect_a_stopped_rank_named(const fs::path& dir, const std::string& grid) {
+    Background job(two_ranks_training(dir, "parallel.timeout_s=3" + grid), dir);
     ASSERT_TRUE(job.wait_for_output("step     2/", 60)) << job.err();
     const int rank_1 = pid_of_rank(dir, 1);
     kill(rank_1, SIGSTOP);  // alive, holding its sockets, making no progress

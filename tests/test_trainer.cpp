@@ -179,9 +179,9 @@ TEST(Trainer, ASaveOfANonFiniteWeightOrMomentWritesNoFileAndLeavesLatest) {
     model.init_random(1);
     tpsp::AdamWOptimizer<tpsp::CpuBackend> optimizer(model, {});
     tpsp::ShardGatherer<tpsp::CpuBackend> gatherer(model, grid);
-    tpsp::Communicator dp_group;  // a group of one
+    tpsp::Communicator dp_group;                                                      // a group of one
     tpsp::save_run(dir.string(), model, optimizer, grid, gatherer, 1, {}, dp_group);  // a good step 1
-    auto every_file = [&] {                                                 // name -> CRC-32C of its bytes
+    auto every_file = [&] {                                                           // name -> CRC-32C of its bytes
         std::map<std::string, uint32_t> files;
         for (const fs::directory_entry& entry : fs::directory_iterator(dir)) {
             const std::string bytes = read_text(entry.path());
@@ -763,8 +763,8 @@ TEST(DataParallelTraining, TheDistributedOptimizerTrainsTheBitsOfPlainDataParall
             SCOPED_TRACE(grid + buckets);
             const std::string name = grid.substr(9) + (buckets.empty() ? "" : "_small");
             DataParallelRun plain = dp_train(root / ("plain" + name), 4, grid + buckets);
-            DataParallelRun sharded =
-                dp_train(root / ("sharded" + name), 4, grid + buckets + " parallel.distributed_optimizer=true");
+            DataParallelRun sharded = dp_train(root / ("sharded" + name), 4,
+                                               grid + buckets + " parallel.distributed_optimizer=true");
             ASSERT_EQ(plain.losses.size(), 8u);
             EXPECT_EQ(sharded.losses, plain.losses);
             EXPECT_EQ(sharded.norms, plain.norms);
@@ -773,6 +773,30 @@ TEST(DataParallelTraining, TheDistributedOptimizerTrainsTheBitsOfPlainDataParall
             EXPECT_TRUE(sharded.state == plain.state) << "AdamW's moments after step 8 differ";
         }
     }
+}
+
+// What the DP group moved is in the step's metrics and in a row of its own
+// in the trace: per step, each bucket's reduce-scatter of the gradients and
+// all-gather of the parameters, each of the whole model's bytes.
+TEST(DataParallelTraining, TheMetricsAndTheTraceShowTheDataParallelTransfers) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not installed";
+    fs::path dir = scratch_dir();
+    DataParallelRun r = dp_train(
+        dir, 2,
+        "parallel.distributed_optimizer=true logging.trace_steps=2 logging.trace=" + (dir / "trace.json").string());
+    const std::string parameter_bytes = std::to_string(int64_t(r.model.size()) - 1024);  // t = 1: the whole model
+    for (const char* name : {"dp_reduce_scatter_bytes", "dp_all_gather_bytes"})
+        EXPECT_EQ(field(dir / "metrics.jsonl", name), std::vector<std::string>(8, parameter_bytes)) << name;
+    const nlohmann::json trace = nlohmann::json::parse(read_text(dir / "trace.json"));
+    int reduce_scatters = 0, all_gathers = 0;
+    for (const nlohmann::json& e : trace["traceEvents"]) {
+        if (e["ph"] != "X" || e["pid"] != 0) continue;
+        if (e["tid"] != 2) continue;  // the data-parallel row
+        reduce_scatters += e["name"] == "DP reduce-scatter of gradients";
+        all_gathers += e["name"] == "DP all-gather of parameters";
+    }
+    EXPECT_EQ(reduce_scatters, 2 * 4);  // 2 traced steps × the tiny model's 4 buckets
+    EXPECT_EQ(all_gathers, 2 * 4);
 }
 
 // Another order of sums (dp = 2 against dp = 1 with twice the batch): equal

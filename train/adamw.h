@@ -3,9 +3,9 @@
 #pragma once
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <string>
-#include <cstdint>
 #include <vector>
 
 #include "model/gpt.h"
@@ -29,8 +29,8 @@ struct AdamWSettings {
 template <class Backend>
 class AdamWOptimizer {
 public:
-    AdamWOptimizer(const GPTModel<Backend>& model, const AdamWSettings& settings,
-                   const BucketLayout* shards = nullptr, int dp_rank = 0)
+    AdamWOptimizer(const GPTModel<Backend>& model, const AdamWSettings& settings, const BucketLayout* shards = nullptr,
+                   int dp_rank = 0)
         : settings_(settings), shards_(shards) {
         std::vector<Piece> tensors;
         int64_t at = 0;
@@ -54,7 +54,7 @@ public:
                                   v + p.state, p.count, p.decay ? settings_.weight_decay : 0.0f, s);
     }
     bool sharded() const { return shards_ != nullptr; }
-    size_t bytes() const { return arena_.bytes(); }  // m and v
+    size_t bytes() const { return arena_.bytes(); }             // m and v
     int64_t state_elements() const { return state_elements_; }  // of m, and of v
     // With shards (host memory): whole [N] = one moment of every parameter of
     // this rank's TP shard, from every DP rank's pieces. Collective over dp.
@@ -63,7 +63,8 @@ public:
         std::vector<int> counts, offsets;
         for (size_t b = 0; b < shards_->buckets().size(); b++) {
             shards_->blocks(b, counts, offsets);
-            dp.all_gather_blocks(whole + shards_->buckets()[b].begin, counts, offsets);
+            dp.all_gather_blocks(whole + shards_->buckets()[b].begin, counts, offsets,
+                                 "DP all-gather of AdamW's state");
         }
     }
     // The inverse, on this rank alone: its pieces of whole [N], into moment.

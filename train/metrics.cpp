@@ -77,6 +77,10 @@ void MetricsFile::write(const StepMetrics& m) {
         {"all_reduce_bytes", m.bytes.all_reduce},
         {"comm_ms", m.comm.total * 1e3},
         {"exposed_comm_ms", m.comm.exposed * 1e3},
+        {"dp_reduce_scatter_bytes", m.dp_bytes.reduce_scatter},
+        {"dp_all_gather_bytes", m.dp_bytes.all_gather},
+        {"dp_comm_ms", m.dp_comm.total * 1e3},
+        {"dp_exposed_comm_ms", m.dp_comm.exposed * 1e3},
     };
     if (!std::isnan(m.val_loss)) line["val_loss"] = m.val_loss;
     const std::string text = line.dump() + "\n";

@@ -14,10 +14,12 @@ struct StepMetrics {
     double loss = 0.0;
     float lr = 0.0f, grad_norm = 0.0f;
     double seconds = 0.0, tokens_per_second = 0.0;
-    double mfu = 0.0;        // model FLOP/s over the backend's peak, a fraction
-    CollectiveBytes bytes;   // what the TP group's collectives moved
-    CommunicationTime comm;  // and how long they took (exposed: waited for)
-    float val_loss = NAN;    // NaN where no validation ran at this step
+    double mfu = 0.0;           // model FLOP/s over the backend's peak, a fraction
+    CollectiveBytes bytes;      // what the TP group's collectives moved
+    CommunicationTime comm;     // and how long they took (exposed: waited for)
+    CollectiveBytes dp_bytes;   // what the DP group's gradient and parameter collectives moved
+    CommunicationTime dp_comm;  // and how long they took (all exposed: they block, §8)
+    float val_loss = NAN;       // NaN where no validation ran at this step
 };
 
 class MetricsFile {

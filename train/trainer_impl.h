@@ -105,7 +105,7 @@ bool on_every_rank(F&& work) {
 // change between TP-sharded (sum 0) and replicated (sum 1); [q][b].
 template <class Backend>
 std::vector<std::vector<std::vector<SquareSumRange>>> norm_ranges(const GPTModel<Backend>& model,
-                                                                    const BucketLayout& buckets) {
+                                                                  const BucketLayout& buckets) {
     std::vector<SquareSumRange> tensors;
     int64_t at = 0;
     for (const TensorSpec& p : model.parameter_specs) {
@@ -202,6 +202,8 @@ void Trainer<Backend>::build() {
         tracer_.enable(size_t(200000));
         tracer_.fence = Backend::synchronize;  // on a GPU the spans then time the kernels, not their launches
         tp_comm_->tracer = &tracer_;
+        dp_comm_->tracer = &tracer_;
+        dp_comm_->track = Track::data_parallel;  // a row of its own
     }
     const TensorParallelism tp{grid_.tp, grid_.tp_rank, cfg_.parallel.sequence_parallel, cfg_.overlap()};
     model_ = std::make_unique<GPTModel<Backend>>(gpt_, shape_, tp, tp_comm_.get());
@@ -213,8 +215,8 @@ void Trainer<Backend>::build() {
                           " backend yet: it needs train.device: cpu");
     const Config::Train& t = cfg_.train;
     optimizer_ = std::make_unique<AdamWOptimizer<Backend>>(
-        *model_, AdamWSettings{t.beta1, t.beta2, t.eps, t.weight_decay, t.decay_all},
-        distributed ? &buckets_ : nullptr, grid_.dp_rank);
+        *model_, AdamWSettings{t.beta1, t.beta2, t.eps, t.weight_decay, t.decay_all}, distributed ? &buckets_ : nullptr,
+        grid_.dp_rank);
     if (!cfg_.checkpoint.dir.empty() || cfg_.logging.sample_every > 0)
         gatherer_ = std::make_unique<ShardGatherer<Backend>>(*model_, grid_);
     if (cfg_.logging.sample_every > 0) {
@@ -358,10 +360,11 @@ void Trainer<Backend>::print_header() const {
     const GPTConfig& g = gpt_;
     std::printf(
         "model: L=%d a=%d h=%d V=%d (Vp %d) | %.2fM parameters | b=%d s=%d accum=%d | "
-        "ranks %d = dp %d × tp %d%s | %s, %d threads per rank | %s %.1f GFLOP/s\n",
+        "ranks %d = dp %d × tp %d%s%s | %s, %d threads per rank | %s %.1f GFLOP/s\n",
         g.num_layers, g.num_heads, g.channels, g.vocab_size, g.padded_vocab_size, full_parameter_count(g) / 1e6,
         shape_.batch, shape_.seq_len, cfg_.train.grad_accum, grid_.world_size, grid_.dp, grid_.tp,
-        grid_.tp > 1 ? (cfg_.parallel.sequence_parallel ? " (TP+SP)" : " (TP only)") : "", Backend::name,
+        grid_.tp > 1 ? (cfg_.parallel.sequence_parallel ? " (TP+SP)" : " (TP only)") : "",
+        grid_.dp > 1 ? (optimizer_->sharded() ? " (distributed optimizer)" : " (plain DP)") : "", Backend::name,
         omp_get_max_threads(), Backend::peak_flops_name(), peak_flops_ / 1e9);
     std::printf("kernels: %s\n", Backend::kernels().c_str());
     std::printf("data: %zu train shard(s), %lld batches per epoch\n", train_loader_->num_shards(),
@@ -477,6 +480,8 @@ StepMetrics Trainer<Backend>::train_step(int step) {
     model.zero_grad();
     tp_comm_->bytes = {};
     tp_comm_->time = {};
+    dp_comm_->bytes = {};
+    dp_comm_->time = {};
     const float dloss = 1.0f / float(tokens_per_step_);
     double loss = 0.0;
     for (int micro = 0; micro < cfg_.train.grad_accum; micro++) {
@@ -514,6 +519,8 @@ StepMetrics Trainer<Backend>::train_step(int step) {
     m.mfu = flops_per_step_ / seconds / peak_flops_;
     m.bytes = tp_comm_->bytes;
     m.comm = tp_comm_->time;
+    m.dp_bytes = dp_comm_->bytes;
+    m.dp_comm = dp_comm_->time;
     return m;
 }
 
@@ -529,8 +536,9 @@ void Trainer<Backend>::reduce_data_parallel_grads() {
         for (size_t b = 0; b < buckets_.buckets().size(); b++) {
             buckets_.blocks(b, counts, offsets);
             float* bucket = model_->grads.wte + buckets_.buckets()[b].begin;
-            dp_comm_->reduce_scatter_blocks(bucket, counts, offsets);
-            if (!optimizer_->sharded()) dp_comm_->all_gather_blocks(bucket, counts, offsets);
+            dp_comm_->reduce_scatter_blocks(bucket, counts, offsets, "DP reduce-scatter of gradients");
+            if (!optimizer_->sharded())
+                dp_comm_->all_gather_blocks(bucket, counts, offsets, "DP all-gather of gradients");
         }
     } else {
         dp_comm_->all_reduce_sum(model_->grads.wte, size_t(model_->num_parameters));
@@ -545,7 +553,8 @@ void Trainer<Backend>::gather_updated_parameters() {
         std::vector<int> counts, offsets;
         for (size_t b = 0; b < buckets_.buckets().size(); b++) {
             buckets_.blocks(b, counts, offsets);
-            dp_comm_->all_gather_blocks(model_->params.wte + buckets_.buckets()[b].begin, counts, offsets);
+            dp_comm_->all_gather_blocks(model_->params.wte + buckets_.buckets()[b].begin, counts, offsets,
+                                        "DP all-gather of parameters");
         }
     }
 }
@@ -597,6 +606,9 @@ void Trainer<Backend>::log(const StepMetrics& m, bool last) {
             std::printf(" | AG %.1f RS %.1f AR %.1f MB | comm %.1f ms, exposed %.1f ms", m.bytes.all_gather / 1e6,
                         m.bytes.reduce_scatter / 1e6, m.bytes.all_reduce / 1e6, m.comm.total * 1e3,
                         m.comm.exposed * 1e3);
+        if (grid_.dp > 1)
+            std::printf(" | DP RS %.1f AG %.1f MB | DP comm %.1f ms, exposed %.1f ms", m.dp_bytes.reduce_scatter / 1e6,
+                        m.dp_bytes.all_gather / 1e6, m.dp_comm.total * 1e3, m.dp_comm.exposed * 1e3);
         if (has_val) std::printf(" | val loss %.4f", m.val_loss);
         std::printf("\n");
         std::fflush(stdout);
