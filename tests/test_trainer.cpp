@@ -815,16 +815,22 @@ TEST(DataParallelTraining, TwoDataParallelRanksEqualOneWithTheirWholeBatch) {
 
 // The state file holds the whole optimizer state whatever the mode: a run
 // saved with the distributed optimizer resumes without it (the same bits on
-// the same grid) and at another t (within float rounding).
-TEST(DataParallelTraining, ACheckpointOfTheDistributedOptimizerResumesWithoutItAndAtAnotherT) {
+// the same grid), at another t, and at another dp that keeps dp × b (within
+// float rounding).
+TEST(DataParallelTraining, ACheckpointOfTheDistributedOptimizerResumesWithoutItAtAnotherTAndAnotherDp) {
     if (!have_mpirun()) GTEST_SKIP() << "mpirun not installed";
     fs::path root = scratch_dir();
     DataParallelRun straight = dp_train(root / "straight", 2, "parallel.distributed_optimizer=true");
     ASSERT_EQ(straight.losses.size(), 8u);
+    int resumes = 0;
     for (const auto& [ranks, flags] : std::vector<std::pair<int, std::string>>{
-             {2, "parallel.distributed_optimizer=false"}, {4, "parallel.distributed_optimizer=true parallel.tp=2"}}) {
+             {2, "parallel.distributed_optimizer=false"},
+             {4, "parallel.distributed_optimizer=true parallel.tp=2"},
+             // another dp with the same dp × b: the same tokens and dropout masks
+             {1, "parallel.distributed_optimizer=false train.batch_size=8"},
+             {4, "parallel.distributed_optimizer=true train.batch_size=2"}}) {
         SCOPED_TRACE(std::to_string(ranks) + " ranks, " + flags);
-        fs::path cut = root / ("resumed" + std::to_string(ranks));
+        fs::path cut = root / ("resumed" + std::to_string(resumes++));
         fs::create_directories(cut);
         fs::copy(root / "straight" / "ckpt", cut / "ckpt");
         std::ofstream(cut / "ckpt" / "latest") << "4\n";

@@ -273,22 +273,29 @@ DataPosition Trainer<Backend>::data_position() const {
 }
 
 // A resumed run reads on from the token where the saved run stopped only if
-// its batches have the saved shape: another b, s or dp gives the saved
-// position another meaning (tokens skipped or trained twice), so it is refused.
+// its micro-batches cover the saved run's tokens: batch k of DP rank r starts
+// at token (k·dp + r)·b·s, so another s, or another dp·b (the sequences of
+// one micro-batch over the DP ranks), gives the saved position another
+// meaning (tokens skipped or trained twice) and is refused. Another dp with
+// the same dp·b reads the same tokens, and draws the same dropout masks
+// (each sequence's are keyed by its index in the step: DropoutStep, model/gpt.h).
 template <class Backend>
 void Trainer<Backend>::check_same_data_shape(const DataPosition& saved) const {
     const DataPosition now = data_position();
-    const std::pair<const char*, std::pair<int64_t, int64_t>> keys[] = {
-        {"train.batch_size", {saved.batch_size, now.batch_size}},
-        {"train.seq_len", {saved.seq_len, now.seq_len}},
-        {"the data-parallel size (ranks / parallel.tp)", {saved.dp, now.dp}},
-    };
-    for (const auto& [key, values] : keys)
-        if (values.first != values.second)
-            throw ConfigError(std::string(key) + ": " + std::to_string(values.second) + ", but the run in " +
-                              cfg_.checkpoint.resume + " was saved at " + std::to_string(values.first) +
-                              ": its data position would then skip or repeat tokens; resume with " +
-                              std::to_string(values.first) + " (train.grad_accum may change)");
+    const std::string& dir = cfg_.checkpoint.resume;
+    if (saved.seq_len != now.seq_len)
+        throw ConfigError("train.seq_len: " + std::to_string(now.seq_len) + ", but the run in " + dir +
+                          " was saved at " + std::to_string(saved.seq_len) +
+                          ": its data position would then skip or repeat tokens; resume with " +
+                          std::to_string(saved.seq_len));
+    const int64_t saved_sequences = saved.batch_size * saved.dp, sequences = now.batch_size * now.dp;
+    if (saved_sequences != sequences)
+        throw ConfigError("train.batch_size: " + std::to_string(now.batch_size) + ", but the run in " + dir +
+                          " was saved at " + std::to_string(saved.batch_size) + " on " + std::to_string(saved.dp) +
+                          " data-parallel rank(s): its data position would then skip or repeat tokens; resume with "
+                          "train.batch_size × dp = " +
+                          std::to_string(saved_sequences) + " (here dp = " + std::to_string(now.dp) +
+                          "; train.grad_accum may change)");
 }
 
 // Every file the run will write is proven writable before step 1, and the
