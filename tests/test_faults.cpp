@@ -263,9 +263,21 @@ TEST(Faults, AMistakeOnOneRankEndsTheJobWithinSecondsWithOneLineNamingIt) {
 // ----------------------------------------------------------------------------
 // non-finite numbers: never applied, never saved, never loaded
 
+void expect_a_diverging_run_stopped_unsaved(const fs::path& dir, const std::string& launcher, const std::string& grid);
+
 TEST(Faults, ADivergingRunStopsAtTheStepWithoutApplyingOrSavingIt) {
-    fs::path dir = scratch_dir();
-    Outcome r = run(bounded + tiny_train(dir, "train.lr=1e6 train.steps=30 train.val_every=0 checkpoint.every=1"), dir);
+    expect_a_diverging_run_stopped_unsaved(scratch_dir(), "", "");
+    if (!have_mpirun()) return;
+    SCOPED_TRACE("dp = 2, distributed optimizer");  // each rank updates a piece: none may apply the step
+    expect_a_diverging_run_stopped_unsaved(scratch_dir() / "dp", mpi_env + "mpirun --oversubscribe -np 2 ",
+                                           " parallel.distributed_optimizer=true " + fast);
+}
+
+void expect_a_diverging_run_stopped_unsaved(const fs::path& dir, const std::string& launcher, const std::string& grid) {
+    fs::create_directories(dir);
+    Outcome r = run(
+        bounded + launcher + tiny_train(dir, "train.lr=1e6 train.steps=30 train.val_every=0 checkpoint.every=1" + grid),
+        dir);
     EXPECT_EQ(r.exit_code, 1);
     expect_ended_in_time(r);
     std::smatch m;
@@ -288,7 +300,7 @@ TEST(Faults, ADivergingRunStopsAtTheStepWithoutApplyingOrSavingIt) {
     // the checkpoint latest names loads: its weights are finite
     std::snprintf(name, sizeof name, "model_%08d.bin", bad - 1);
     Outcome eval = run(bounded + tpsp_binary + " eval " + tiny + " data.val='" + corpus +
-                           "/val_*.bin' train.val_batches=1 checkpoint.init=" + (dir / "ckpt" / name).string(),
+                           "/val_*.bin' train.val_batches=1 checkpoint.init=" + (dir / "ckpt" / name).string() + grid,
                        dir);
     EXPECT_EQ(eval.exit_code, 0) << eval.err;
 }
@@ -394,19 +406,45 @@ static int pid_of_rank(const fs::path& dir, int rank) {
     return std::stoi(read_text(dir / ("pid.sh." + std::to_string(rank))));
 }
 
+int stop_one_rank_with_sigterm(const fs::path& dir, const std::string& grid);
+
 TEST(Faults, SigtermToOneRankStopsAndSavesOnEveryRank) {
     if (!have_mpirun()) GTEST_SKIP() << "mpirun not installed, or tpsp built without MPI";
-    fs::path dir = scratch_dir();
-    Background job(two_ranks_training(dir, ""), dir);
-    ASSERT_TRUE(job.wait_for_output("step     2/", 60)) << job.err();
+    for (const std::string grid : {"", " parallel.tp=1 parallel.distributed_optimizer=true"}) {
+        SCOPED_TRACE(grid.empty() ? "t = 2" : "dp = 2, distributed optimizer");
+        fs::path dir = scratch_dir();
+        const int saved = stop_one_rank_with_sigterm(dir, grid);
+        if (saved < 1) continue;
+        // what was saved resumes: the DP ranks' pieces of AdamW's state were gathered into it
+        Outcome resumed = run(
+            bounded + mpi_env + "mpirun --oversubscribe -np 2 " +
+                tiny_train(dir, fast + "parallel.tp=2" + grid + " train.steps=" + std::to_string(saved + 1) +
+                                    " checkpoint.resume=" + (dir / "ckpt").string()),
+            dir);
+        EXPECT_EQ(resumed.exit_code, 0) << resumed.err;
+    }
+}
+
+// Rank 1 of a running job gets SIGTERM: every rank stops after the step and it
+// is saved. Returns the saved step (0 on a failure already reported).
+int stop_one_rank_with_sigterm(const fs::path& dir, const std::string& grid) {
+    Background job(two_ranks_training(dir, grid), dir);
+    if (!job.wait_for_output("step     2/", 60)) {
+        ADD_FAILURE() << job.err();
+        return 0;
+    }
     const int rank_1 = pid_of_rank(dir, 1);
     kill(rank_1, SIGTERM);
     EXPECT_EQ(job.wait(60), 128 + SIGTERM) << job.err();
     std::smatch m;
     const std::string err = job.err();
-    ASSERT_TRUE(std::regex_search(err, m, std::regex("tpsp: stopped by SIGTERM after step ([0-9]+): saved"))) << err;
+    if (!std::regex_search(err, m, std::regex("tpsp: stopped by SIGTERM after step ([0-9]+): saved"))) {
+        ADD_FAILURE() << err;
+        return 0;
+    }
     EXPECT_EQ(read_text(dir / "ckpt" / "latest"), std::string(m[1]) + "\n");
     EXPECT_FALSE(holds_a_temporary(dir / "ckpt"));
+    return std::stoi(m[1]);
 }
 
 void expect_a_stopped_rank_named(const fs::path& dir, const std::string& grid);
