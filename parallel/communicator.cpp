@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -267,16 +268,22 @@ static int64_t total_of(const std::vector<int>& counts) {
     return n;
 }
 
+// A blocking collective's bookkeeping around `work`: its time, held back to
+// the emulated link's, all of it exposed.
+void Communicator::blocking(const char* name, double link_seconds, const std::function<void()>& work) {
+    Transfer t = begin(name, link_seconds, true);
+    work();
+    sleep_until(t.ready_at);
+    const double end = finish(t);
+    time.exposed += end - t.started;  // blocking: all of it
+}
+
 void Communicator::reduce_scatter_blocks(float* data, const std::vector<int>& counts, const std::vector<int>& offsets,
                                          const char* name) {
     if (size_ == 1) return;
     const int64_t count = total_of(counts);
     bytes.reduce_scatter += count * 4;
-    Transfer t = begin(name, ring_seconds(size_t(count) / size_), true);
-    sum_blocks(data, counts, offsets, name);
-    sleep_until(t.ready_at);
-    const double end = finish(t);
-    time.exposed += end - t.started;  // blocking: all of it
+    blocking(name, ring_seconds(size_t(count) / size_), [&] { sum_blocks(data, counts, offsets, name); });
 }
 
 void Communicator::all_gather_blocks(float* data, const std::vector<int>& counts, const std::vector<int>& offsets,
@@ -284,22 +291,16 @@ void Communicator::all_gather_blocks(float* data, const std::vector<int>& counts
     if (size_ == 1) return;
     const int64_t count = total_of(counts);
     bytes.all_gather += count * 4;
-    Transfer t = begin(name, ring_seconds(size_t(count) / size_), true);
-    gather_blocks(data, counts, offsets, name);
-    sleep_until(t.ready_at);
-    const double end = finish(t);
-    time.exposed += end - t.started;
+    blocking(name, ring_seconds(size_t(count) / size_), [&] { gather_blocks(data, counts, offsets, name); });
 }
 
 void Communicator::all_reduce_sum(float* data, size_t count) {
     if (size_ == 1) return;
     bytes.all_reduce += int64_t(count) * 4;
-    Transfer t = begin("all-reduce", 2 * ring_seconds(count / size_), true);  // reduce-scatter + all-gather
-    const size_t piece = size_t(1) << 22;                                     // 16 MiB
-    for (size_t at = 0; at < count; at += piece) all_reduce_piece(data + at, std::min(piece, count - at));
-    sleep_until(t.ready_at);
-    const double end = finish(t);
-    time.exposed += end - t.started;  // blocking: all of it
+    const size_t piece = size_t(1) << 22;                          // 16 MiB
+    blocking("all-reduce", 2 * ring_seconds(count / size_), [&] {  // reduce-scatter + all-gather
+        for (size_t at = 0; at < count; at += piece) all_reduce_piece(data + at, std::min(piece, count - at));
+    });
 }
 
 void Communicator::all_reduce_max(float* data, size_t count) {

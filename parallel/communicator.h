@@ -26,6 +26,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -149,6 +150,7 @@ public:
 
 private:
     Transfer begin(const char* name, double link_seconds, bool counts);
+    void blocking(const char* name, double link_seconds, const std::function<void()>& work);
     void all_reduce_piece(float* data, size_t count);
     void sum_blocks(float* data, const std::vector<int>& counts, const std::vector<int>& offsets, const char* name);
     void gather_blocks(float* data, const std::vector<int>& counts, const std::vector<int>& offsets, const char* name);
