@@ -198,6 +198,7 @@ void Trainer<Backend>::build() {
     tp_comm_ = Backend::make_group(*grid_.tp_group.mpi());
     dp_comm_ = Backend::make_group(*grid_.dp_group.mpi());
     tp_comm_->link = {cfg_.parallel.emulated_link_gbps, cfg_.parallel.emulated_link_latency_us};
+    dp_comm_->link = tp_comm_->link;  // the one link every group's transfers cross
     if (!cfg_.logging.trace.empty()) {
         tracer_.enable(size_t(200000));
         tracer_.fence = Backend::synchronize;  // on a GPU the spans then time the kernels, not their launches
