@@ -823,12 +823,12 @@ TEST(DataParallelTraining, ACheckpointOfTheDistributedOptimizerResumesWithoutItA
     DataParallelRun straight = dp_train(root / "straight", 2, "parallel.distributed_optimizer=true");
     ASSERT_EQ(straight.losses.size(), 8u);
     int resumes = 0;
-    for (const auto& [ranks, flags] : std::vector<std::pair<int, std::string>>{
-             {2, "parallel.distributed_optimizer=false"},
-             {4, "parallel.distributed_optimizer=true parallel.tp=2"},
-             // another dp with the same dp × b: the same tokens and dropout masks
-             {1, "parallel.distributed_optimizer=false train.batch_size=8"},
-             {4, "parallel.distributed_optimizer=true train.batch_size=2"}}) {
+    for (const auto& [ranks, flags] :
+         std::vector<std::pair<int, std::string>>{{2, "parallel.distributed_optimizer=false"},
+                                                  {4, "parallel.distributed_optimizer=true parallel.tp=2"},
+                                                  // another dp with the same dp × b: the same tokens and dropout masks
+                                                  {1, "parallel.distributed_optimizer=false train.batch_size=8"},
+                                                  {4, "parallel.distributed_optimizer=true train.batch_size=2"}}) {
         SCOPED_TRACE(std::to_string(ranks) + " ranks, " + flags);
         fs::path cut = root / ("resumed" + std::to_string(resumes++));
         fs::create_directories(cut);

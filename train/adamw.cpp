@@ -47,9 +47,8 @@ std::string model_state_table(const GPTConfig& config, int tp, int64_t bucket_si
             const double formula = distributed ? 8.0 + 8.0 * double(n + b.padding) / (double(dp) * n) : 16.0;
             std::snprintf(line, sizeof line, "  %-12s %3d %8lld %9lld %14lld %14lld %14lld %14lld %9.3f  %s = %.3f\n",
                           distributed ? "distributed" : "plain", dp, (long long)b.buckets, (long long)b.padding,
-                          (long long)b.parameters, (long long)b.gradients, (long long)b.optimizer,
-                          (long long)b.total(), double(b.total()) / double(n),
-                          distributed ? "8 + 8(N + padding)/(dN)" : "16", formula);
+                          (long long)b.parameters, (long long)b.gradients, (long long)b.optimizer, (long long)b.total(),
+                          double(b.total()) / double(n), distributed ? "8 + 8(N + padding)/(dN)" : "16", formula);
             text += line;
         }
     return text;

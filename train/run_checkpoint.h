@@ -113,8 +113,7 @@ inline void commit_pair(AtomicFile& model_file, AtomicFile& state, const std::st
 // state, whatever dp and the optimizer, and resumes under any.
 template <class Backend>
 void save_run(const std::string& dir, GPTModel<Backend>& model, const AdamWOptimizer<Backend>& opt, ProcessGrid& grid,
-              ShardGatherer<Backend>& gatherer, int step, const DataPosition& data,
-              typename Backend::Comm& dp_group) {
+              ShardGatherer<Backend>& gatherer, int step, const DataPosition& data, typename Backend::Comm& dp_group) {
     std::vector<float> whole;  // one moment of this rank's TP shard, from the DP ranks' pieces
     const auto tp_shard_of = [&](const float* moment) -> const float* {
         if constexpr (Backend::shards_optimizer_state) {

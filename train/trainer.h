@@ -40,9 +40,9 @@ private:
     using Comm = typename Backend::Comm;
     void open_data();                            // set_up's work on this rank: the grid and the loaders,
     void check_same_data_on_every_rank() const;  // every rank's shards the same,
-    void reduce_data_parallel_grads();  // over dp, bucket by bucket (§8)
-    void gather_updated_parameters();   // the distributed optimizer's pieces, to every rank
-    float global_grad_norm();           // ‖g‖, one way in every mode
+    void reduce_data_parallel_grads();           // over dp, bucket by bucket (§8)
+    void gather_updated_parameters();            // the distributed optimizer's pieces, to every rank
+    float global_grad_norm();                    // ‖g‖, one way in every mode
     void build();                                // then the model and its state
     void restore();                              // checkpoint.resume, checkpoint.init, or random weights
     DataPosition data_position() const;          // the loader's position and the shape that gives it its meaning
@@ -73,7 +73,7 @@ private:
     std::unique_ptr<AdamWOptimizer<Backend>> optimizer_;
     BucketLayout buckets_;  // the gradient buffer's DP buckets and each rank's piece of them
     std::vector<std::vector<std::vector<SquareSumRange>>> norm_ranges_;  // [dp rank][bucket]
-    std::unique_ptr<ShardGatherer<Backend>> gatherer_;  // for checkpoints and samples
+    std::unique_ptr<ShardGatherer<Backend>> gatherer_;                   // for checkpoints and samples
     std::unique_ptr<Generator> sampler_;
     std::vector<std::string> token_text_;  // what each token prints as, for samples
     std::vector<int> sample_prompt_;       // a sample's first token
