@@ -1,6 +1,7 @@
 #include "common/files.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -100,15 +101,25 @@ void write_file_atomically(const std::string& path, std::initializer_list<FilePa
     file.commit();
 }
 
-bool is_temporary_name(const std::string& name) {
+// The pid a temporary's name ends in, or -1 for a name that is no temporary.
+static long temporary_owner(const std::string& name) {
     for (const char* infix : {temporary_infix, probe_infix}) {
         const size_t at = name.rfind(infix);
         if (at == std::string::npos) continue;
         const std::string pid = name.substr(at + std::strlen(infix));
-        if (!pid.empty() && std::all_of(pid.begin(), pid.end(), [](char c) { return c >= '0' && c <= '9'; }))
-            return true;
+        if (!pid.empty() && pid.size() < 10 &&
+            std::all_of(pid.begin(), pid.end(), [](char c) { return c >= '0' && c <= '9'; }))
+            return std::stol(pid);
     }
-    return false;
+    return -1;
+}
+
+bool is_temporary_name(const std::string& name) { return temporary_owner(name) >= 0; }
+
+bool is_stale_temporary_name(const std::string& name) {
+    const long pid = temporary_owner(name);
+    if (pid < 0) return false;
+    return pid == 0 || (::kill(pid_t(pid), 0) != 0 && errno == ESRCH);  // no such process
 }
 
 void make_writable_directory(const std::string& dir, const std::string& what) {
@@ -145,8 +156,10 @@ std::string resolved_path(const std::string& path) {
         if (ec) break;
         p = target.is_absolute() ? target : p.parent_path() / target;
     }
-    const fs::path resolved = fs::weakly_canonical(p, ec);
-    return ec ? path : resolved.string();
+    // absolute first: "o.json" and "./o.json", not yet there, are one file
+    const fs::path absolute = fs::absolute(p, ec);
+    const fs::path resolved = ec ? p : fs::weakly_canonical(absolute, ec);
+    return ec ? absolute.string() : resolved.string();
 }
 
 bool same_file(const std::string& a, const std::string& b) {

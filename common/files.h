@@ -64,6 +64,9 @@ void write_file_atomically(const std::string& path, std::initializer_list<FilePa
 // Whether a file name is one of tpsp's temporaries: it ends in
 // temporary_infix or probe_infix followed by a pid (digits only).
 bool is_temporary_name(const std::string& name);
+// Whether it is one whose writer has ended: a temporary of a live process
+// (another run writing its trace into this directory) is that run's.
+bool is_stale_temporary_name(const std::string& name);
 
 // Creates the directory DIR (and its parents) and proves it writable by
 // creating, writing and removing a probe file in it (.tpsp-probe.<pid>); a FileError names DIR

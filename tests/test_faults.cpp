@@ -627,6 +627,19 @@ TEST(Faults, ASaveThatFailsHalfWayLeavesTheRunDirectoryAsItWas) {
         EXPECT_EQ(fingerprints(dir / "ckpt"), before) << "the failed save left part of itself behind";
         EXPECT_EQ(read_text(dir / "ckpt" / "latest"), "1\n");
     }
+    // the same after `latest` was set back: the save of step 2 replaces the
+    // other timeline's model_00000002.bin, then fails at the state file: the
+    // old model file is put back, byte for byte
+    fs::path dir = scratch_dir(), ck = dir / "ckpt";
+    ASSERT_EQ(run(tiny_train(dir, fast + "train.steps=3 checkpoint.every=1"), dir).exit_code, 0);
+    write_file(ck / "latest", "1\n");
+    fs::remove(ck / "state_00000002.bin");
+    fs::create_directory(ck / "state_00000002.bin");
+    const auto before = fingerprints(ck);
+    Outcome r = run(bounded + tiny_train(dir, fast + "train.steps=2 checkpoint.resume=" + ck.string()), dir);
+    EXPECT_EQ(r.exit_code, 1) << r.err;
+    expect_one_line(r, "state_00000002.bin");
+    EXPECT_EQ(fingerprints(ck), before) << "the failed save lost the model file it replaced";
 }
 
 // keep_last after `latest` was set back: the checkpoints after `latest` are
@@ -729,6 +742,22 @@ TEST(Faults, AnOutputThatIsAnInputOrAnotherOutputIsOneLineAndChangesNothing) {
         expect_one_line(r, says);
         EXPECT_EQ(r.out.find("step "), std::string::npos) << "it trained: " << r.out;
         EXPECT_EQ(tree_contents(dir), before) << "a refused run changed a file";
+    }
+    // outputs that do not exist yet, spelt relative and relative-with-dot, from the test's directory
+    const std::vector<std::pair<std::string, std::string>> relative = {
+        {"checkpoint.dir=new logging.metrics=o.json logging.trace=./o.json",
+         "logging.trace: ./o.json is also written as logging.metrics (o.json)"},
+        {"checkpoint.dir=./new2 logging.metrics=new2/latest",
+         "logging.metrics: new2/latest is one of the files the run in checkpoint.dir"},
+    };
+    for (const auto& [setting, says] : relative) {
+        SCOPED_TRACE(setting);
+        Outcome r = run("cd " + dir.string() + " && " + train(setting), dir);
+        EXPECT_EQ(r.exit_code, 1);
+        expect_one_line(r, says);
+        EXPECT_EQ(r.out.find("step "), std::string::npos) << "it trained: " << r.out;
+        EXPECT_FALSE(fs::exists(dir / "o.json"));
+        EXPECT_FALSE(fs::exists(dir / "new2" / "latest"));
     }
 }
 
@@ -863,6 +892,26 @@ TEST(Faults, ARankWhoseCopyOfAShardDiffersIsRefusedBeforeStepOne) {
     EXPECT_EQ(fingerprints(dir), before);
 }
 
+// tpsp eval under mpirun, its checkpoint missing on one node: that rank's one
+// line, and every rank ends, instead of the others waiting in the first sum.
+TEST(Faults, ACheckpointMissingOnOneRankOfAnEvalIsOneLine) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not installed, or tpsp built without MPI";
+    fs::path dir = scratch_dir();
+    ASSERT_EQ(run(tiny_train(dir, fast + "train.steps=1"), dir).exit_code, 0);
+    for (int rank = 0; rank < 2; rank++) fs::create_directories(dir / ("node" + std::to_string(rank)));
+    fs::copy_file(dir / "ckpt" / "model_00000001.bin", dir / "node0" / "init.bin");  // node 1 has none
+    const fs::path wrapper = write_file(
+        dir / "per_node.sh", "#!/bin/sh\ncd " + dir.string() + "/node$OMPI_COMM_WORLD_RANK && exec " + tpsp_binary +
+                                 " eval " + tiny + " " + fast + "data.val='" + corpus +
+                                 "/val_*.bin' train.val_batches=1 checkpoint.init=init.bin\n");
+    fs::permissions(wrapper, fs::perms::owner_all);
+    Outcome r = run(mpi_env + bounded + "mpirun --oversubscribe -np 2 " + wrapper.string(), dir);
+    EXPECT_EQ(r.exit_code, 1);
+    expect_ended_in_time(r);
+    expect_one_line(r, "tpsp: rank 1: error: init.bin");
+    EXPECT_EQ(r.out.find("val loss"), std::string::npos) << r.out;
+}
+
 TEST(Faults, TwoRunsOnOneMetricsFileAreRefusedByItsLock) {
     fs::path dir = scratch_dir(), second = dir / "second";
     fs::create_directories(second);
@@ -907,9 +956,13 @@ TEST(Faults, ACommandWhoseOutputIsLostExitsNonZero) {
 TEST(Faults, StaleTemporariesAreRemovedAndKeepLastPrunesOlderCheckpoints) {
     fs::path dir = scratch_dir();
     fs::create_directories(dir / "ckpt");
-    write_file(dir / "ckpt" / "model_00000007.bin.tpsp-tmp.12345", "a crashed writer's");
-    write_file(dir / "ckpt" / ".tpsp-probe.12345", "a crashed probe");
-    const std::vector<std::string> users = {"results.tmp.csv", "notes.tmp", "a.tmp.7", "x.tpsp-tmp.", "y.tpsp-tmp.1a"};
+    // pid 9999999 is above Linux's largest (2^22): no process has it, so their writer has ended
+    write_file(dir / "ckpt" / "model_00000007.bin.tpsp-tmp.9999999", "a crashed writer's");
+    write_file(dir / "ckpt" / ".tpsp-probe.9999999", "a crashed probe");
+    // a live process's temporary (this test's: another run writing its trace here) is that run's
+    const std::string live = "trace.json.tpsp-tmp." + std::to_string(::getpid());
+    const std::vector<std::string> users = {"results.tmp.csv", "notes.tmp",     "a.tmp.7",
+                                            "x.tpsp-tmp.",     "y.tpsp-tmp.1a", live};
     for (const std::string& name : users) write_file(dir / "ckpt" / name, "the user's");
     Outcome r = run(bounded + tiny_train(dir, fast + "train.steps=5 checkpoint.every=1 checkpoint.keep_last=2"), dir);
     EXPECT_EQ(r.exit_code, 0) << r.err;
@@ -920,6 +973,29 @@ TEST(Faults, StaleTemporariesAreRemovedAndKeepLastPrunesOlderCheckpoints) {
     EXPECT_EQ(names_in(dir / "ckpt"), expected);
     for (const std::string& name : users) EXPECT_EQ(read_text(dir / "ckpt" / name), "the user's") << name;
     EXPECT_EQ(read_text(dir / "ckpt" / "latest"), "5\n");
+}
+
+// A file named like a checkpoint that holds none (no llm.c model header, no
+// tpsp state header) is the user's: keep_last never prunes it, and
+// checkpoint.overwrite refuses to remove it, in one line.
+TEST(Faults, AUsersFileNamedLikeACheckpointIsNeitherPrunedNorOverwritten) {
+    fs::path dir = scratch_dir(), ck = dir / "ckpt";
+    ASSERT_EQ(run(tiny_train(dir, fast + "train.steps=2"), dir).exit_code, 0);
+    fs::remove(ck / "model_00000001.bin");  // none was saved at step 1: the user's file takes its name
+    write_file(ck / "model_00000001.bin", "the user's");
+    Outcome pruned = run(bounded + tiny_train(dir, fast +
+                                                       "train.steps=4 checkpoint.every=1 checkpoint.keep_last=1 "
+                                                       "checkpoint.resume=" +
+                                                       ck.string()),
+                         dir);
+    EXPECT_EQ(pruned.exit_code, 0) << pruned.err;
+    EXPECT_EQ(read_text(ck / "model_00000001.bin"), "the user's");
+    EXPECT_FALSE(fs::exists(ck / "model_00000003.bin")) << "keep_last=1 pruned nothing";
+    const auto before = fingerprints(dir);
+    Outcome overwrite = run(bounded + tiny_train(dir, fast + "train.steps=2 checkpoint.overwrite=true"), dir);
+    EXPECT_EQ(overwrite.exit_code, 1);
+    expect_one_line(overwrite, "model_00000001.bin is not a tpsp checkpoint");
+    EXPECT_EQ(fingerprints(dir), before);
 }
 
 // ----------------------------------------------------------------------------
@@ -1166,6 +1242,19 @@ TEST(Faults, AFifoDirectoryOrDeviceGivenAsAnInputIsOneLineAtOnce) {
             EXPECT_EQ(r.exit_code, 1);
             expect_one_line(r, path + ": " + says + ", not a regular file");
         }
+    }
+    // a FIFO as a run directory's `latest`, of a new run's checkpoint.dir and of a resumed one: never read
+    fs::path ck = dir / "fifo_run";
+    fs::create_directories(ck);
+    ASSERT_EQ(mkfifo((ck / "latest").c_str(), 0644), 0);
+    for (const auto& [run_args, says] : std::vector<std::pair<std::string, std::string>>{
+             {"checkpoint.dir=" + ck.string(), "latest is not a tpsp run's (it names no step)"},
+             {"checkpoint.resume=" + ck.string(), "latest: missing or unreadable: not a tpsp run directory"}}) {
+        SCOPED_TRACE(run_args);
+        Outcome r = run(bounded + tiny_train(dir, fast + "train.steps=2 " + run_args), dir);
+        expect_ended_in_time(r);
+        EXPECT_EQ(r.exit_code, 1);
+        expect_one_line(r, says);
     }
 }
 

@@ -5,6 +5,8 @@
 // on every read (common/checksum.h), and hold the whole model in llm.c's
 // order, independent of t: a run saved at one TP size resumes at any other.
 #pragma once
+#include <unistd.h>
+
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -81,12 +83,36 @@ private:
     std::vector<float> full_, local_, shards_;
 };
 
+// A file a save is about to replace (one of a timeline that a rewound
+// `latest` left), kept under a temporary name by a hard link until the save
+// is whole, so that a failed save can put it back.
+class KeptFile {
+public:
+    explicit KeptFile(const std::string& path)
+        : path_(path), copy_(path + ".old" + temporary_infix + std::to_string(::getpid())) {
+        std::remove(copy_.c_str());
+        kept_ = ::link(path.c_str(), copy_.c_str()) == 0;  // fails where there is no such file
+    }
+    // the save failed after this file was replaced: the old one is back (or, with none, the new one gone)
+    void put_back() const {
+        if (!kept_ || std::rename(copy_.c_str(), path_.c_str()) != 0) std::remove(path_.c_str());
+    }
+    void drop() const {
+        if (kept_) std::remove(copy_.c_str());
+    }
+
+private:
+    std::string path_, copy_;
+    bool kept_ = false;
+};
+
 // The two files of a save under their names, then `latest` naming them; a
 // failure on the way (a full disk met when a file is flushed, synced or
-// renamed) takes back what was committed, so the directory is as it was
-// before the save began.
+// renamed) takes back what was committed, and puts back a file of the same
+// step that it replaced, so the directory is as it was before the save began.
 inline void commit_pair(AtomicFile& model_file, AtomicFile& state, const std::string& model_path,
                         const std::string& state_path, const std::string& dir, int step) {
+    const KeptFile old_model(model_path), old_state(state_path);
     bool model_committed = false, state_committed = false;
     try {
         model_file.commit();
@@ -96,10 +122,14 @@ inline void commit_pair(AtomicFile& model_file, AtomicFile& state, const std::st
         const std::string latest = std::to_string(step) + "\n";
         write_file_atomically(dir + "/latest", {{latest.data(), latest.size()}});  // last: the pair is complete
     } catch (const FileError&) {
-        if (state_committed) std::remove(state_path.c_str());
-        if (model_committed) std::remove(model_path.c_str());
+        if (state_committed) old_state.put_back();
+        if (model_committed) old_model.put_back();
+        old_model.drop();
+        old_state.drop();
         throw;
     }
+    old_model.drop();
+    old_state.drop();
 }
 
 // Saves step `step` into dir: the model file, the state file, then `latest`.

@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "common/files.h"
+#include "model/checkpoint.h"
+#include "train/run_checkpoint.h"
 
 namespace fs = std::filesystem;
 
@@ -29,6 +31,21 @@ int step_of_checkpoint_name(const std::string& name) {
             return std::stoi(digits);
     }
     return -1;
+}
+
+// Whether a file named like a checkpoint holds one: a regular file that
+// begins as llm.c's model files (magic 20240326) or tpsp's state files (a
+// "tpspst…" magic, of any layout) begin. Any other is the user's.
+bool holds_a_checkpoint(const fs::path& path) {
+    std::error_code ec;
+    if (!fs::is_regular_file(fs::symlink_status(path, ec))) return false;
+    std::ifstream in(path, std::ios::binary);
+    int64_t head = 0;
+    if (!in.read(reinterpret_cast<char*>(&head), sizeof head)) return false;
+    const bool model = path.filename().string().rfind("model_", 0) == 0;
+    return model
+               ? int32_t(head) == checkpoint_magic
+               : head == state_magic || head == state_magic_without_data_shape || head == state_magic_without_checksum;
 }
 
 // Every checkpoint file in dir (with its step), the temporaries aside.
@@ -54,6 +71,8 @@ bool is_run_file(const std::string& dir, const std::string& path) {
 }
 
 int latest_step(const std::string& dir) {
+    std::error_code ec;  // a FIFO, a directory or a device is no run's `latest` (and a FIFO would block)
+    if (!fs::is_regular_file(dir + "/latest", ec)) return -1;
     std::ifstream latest(dir + "/latest");
     int step = -1;
     if (!(latest >> step) || step < 0) return -1;
@@ -76,11 +95,12 @@ void RunDirectory::claim(const std::string& dir, const std::string& resume, bool
                             ")");
         throw FileError(lock + ": cannot lock the run's lock file (" + std::strerror(errno) + ")");
     }
-    // the lock is ours: any temporary here is a crashed writer's
-    // (files only: a user's directory of such a name is left alone)
+    // the lock is ours: a temporary here whose writer has ended is a crashed
+    // writer's (files only: a user's directory of such a name is left alone;
+    // a live process's, another run's trace, say, is that run's)
     for (const fs::directory_entry& entry : fs::directory_iterator(dir))
         if (entry.symlink_status().type() == fs::file_type::regular &&
-            is_temporary_name(entry.path().filename().string()))
+            is_stale_temporary_name(entry.path().filename().string()))
             fs::remove(entry.path());
 
     const bool resumes_here = !resume.empty() && same_file(resume, dir);
@@ -101,6 +121,11 @@ void RunDirectory::claim(const std::string& dir, const std::string& resume, bool
         throw ConfigError("checkpoint.dir: " + dir + " already holds a run (latest step " + std::to_string(step) +
                           "): continue it with checkpoint.resume=" + dir +
                           ", or start over with checkpoint.overwrite=true");
+    for (const auto& [unused, path] : checkpoint_files(dir))
+        if (!holds_a_checkpoint(path))
+            throw ConfigError("checkpoint.overwrite: " + path.string() +
+                              " is not a tpsp checkpoint (neither a model nor a state file): it is not removed; "
+                              "move it, or choose another checkpoint.dir");
     fs::remove(dir + "/latest");  // first: a crash from here on leaves no `latest` that names a removed step
     for (const auto& [unused, path] : checkpoint_files(dir)) fs::remove(path);
 }
@@ -108,7 +133,9 @@ void RunDirectory::claim(const std::string& dir, const std::string& resume, bool
 void RunDirectory::prune(int keep_last) const {
     if (keep_last <= 0) return;
     const int latest = latest_step(dir_);
-    std::vector<std::pair<int, fs::path>> files = checkpoint_files(dir_);
+    std::vector<std::pair<int, fs::path>> files;
+    for (const auto& file : checkpoint_files(dir_))
+        if (holds_a_checkpoint(file.second)) files.push_back(file);  // a user's file of such a name stays
     std::vector<int> steps;
     for (const auto& [step, unused] : files)
         if (step <= latest) steps.push_back(step);

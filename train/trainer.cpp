@@ -25,12 +25,20 @@ int evaluate(const Config& cfg) {
     gc.attention = AttentionKernel::explicit_scores;
     const RunShape shape = cfg.run_shape();
     ProcessGrid grid = make_process_grid(1);
-    TokenLoader val_loader(cfg.data.val, shape.batch, shape.seq_len, grid.dp_rank, grid.dp, gc.vocab_size);
-    check_checkpoint_model(cfg.checkpoint.init, gc);
-    GPT model(gc, shape);
-    load_checkpoint(model, cfg.checkpoint.init);
+    // every rank opens its data and checkpoint before the first collective: a
+    // file missing on one rank is its one line, not the others' wait
+    std::unique_ptr<TokenLoader> val_loader;
+    std::unique_ptr<GPT> model;
+    const bool ready = trainer_detail::on_every_rank([&] {
+        val_loader = std::make_unique<TokenLoader>(cfg.data.val, shape.batch, shape.seq_len, grid.dp_rank, grid.dp,
+                                                   gc.vocab_size);
+        check_checkpoint_model(cfg.checkpoint.init, gc);
+        model = std::make_unique<GPT>(gc, shape);
+        load_checkpoint(*model, cfg.checkpoint.init);
+    });
+    if (!ready) return 1;
     std::vector<int> inputs(size_t(shape.batch) * shape.seq_len), targets(inputs.size());
-    float val = trainer_detail::validation_loss(model, val_loader, grid, cfg.train.val_batches, inputs.data(),
+    float val = trainer_detail::validation_loss(*model, *val_loader, grid, cfg.train.val_batches, inputs.data(),
                                                 targets.data());
     if (grid.world_rank == 0)
         std::printf("val loss %.9g over %d batches of %d×%d tokens\n", val, cfg.train.val_batches, shape.batch,
