@@ -898,18 +898,31 @@ TEST(Faults, ACheckpointMissingOnOneRankOfAnEvalIsOneLine) {
     if (!have_mpirun()) GTEST_SKIP() << "mpirun not installed, or tpsp built without MPI";
     fs::path dir = scratch_dir();
     ASSERT_EQ(run(tiny_train(dir, fast + "train.steps=1"), dir).exit_code, 0);
-    for (int rank = 0; rank < 2; rank++) fs::create_directories(dir / ("node" + std::to_string(rank)));
+    std::vector<uint16_t> bad(4 * 64 * 2 + 1, uint16_t('a'));
+    bad[100] = 300;  // not below model.vocab_size = 256
+    for (int rank = 0; rank < 2; rank++) {
+        fs::create_directories(dir / ("node" + std::to_string(rank)));
+        fs::copy_file(corpus + "/val_000000.bin", dir / ("node" + std::to_string(rank)) / "val_000000.bin");
+    }
     fs::copy_file(dir / "ckpt" / "model_00000001.bin", dir / "node0" / "init.bin");  // node 1 has none
     const fs::path wrapper = write_file(
         dir / "per_node.sh", "#!/bin/sh\ncd " + dir.string() + "/node$OMPI_COMM_WORLD_RANK && exec " + tpsp_binary +
-                                 " eval " + tiny + " " + fast + "data.val='" + corpus +
-                                 "/val_*.bin' train.val_batches=1 checkpoint.init=init.bin\n");
+                                 " eval " + tiny + " " + fast +
+                                 "data.val=val_000000.bin train.val_batches=1 checkpoint.init=init.bin\n");
     fs::permissions(wrapper, fs::perms::owner_all);
     Outcome r = run(mpi_env + bounded + "mpirun --oversubscribe -np 2 " + wrapper.string(), dir);
     EXPECT_EQ(r.exit_code, 1);
     expect_ended_in_time(r);
     expect_one_line(r, "tpsp: rank 1: error: init.bin");
     EXPECT_EQ(r.out.find("val loss"), std::string::npos) << r.out;
+    // and a validation shard that is bad on node 1 only (its checkpoint there now)
+    fs::copy_file(dir / "node0" / "init.bin", dir / "node1" / "init.bin");
+    fs::remove(dir / "node1" / "val_000000.bin");
+    write_shard(dir / "node1" / "val_000000.bin", bad);
+    r = run(mpi_env + bounded + "mpirun --oversubscribe -np 2 " + wrapper.string(), dir);
+    EXPECT_EQ(r.exit_code, 1);
+    expect_ended_in_time(r);
+    expect_one_line(r, "tpsp: rank 1: error: val_000000.bin: token 300 at offset 100");
 }
 
 TEST(Faults, TwoRunsOnOneMetricsFileAreRefusedByItsLock) {

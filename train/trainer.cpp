@@ -17,6 +17,7 @@ template class Trainer<CpuBackend>;
 
 int evaluate(const Config& cfg) {
     if (cfg.train.threads > 0) omp_set_num_threads(cfg.train.threads);
+    set_peer_timeout(cfg.parallel.timeout_s);
     if (cfg.checkpoint.init.empty()) throw ConfigError("tpsp eval: checkpoint.init: give the checkpoint to evaluate");
     if (cfg.data.val.empty()) throw ConfigError("tpsp eval: data.val: give the validation shards");
     if (cfg.parallel.tp != 1) throw ConfigError("tpsp eval: parallel.tp: evaluation runs on one rank");
@@ -32,6 +33,7 @@ int evaluate(const Config& cfg) {
     const bool ready = trainer_detail::on_every_rank([&] {
         val_loader = std::make_unique<TokenLoader>(cfg.data.val, shape.batch, shape.seq_len, grid.dp_rank, grid.dp,
                                                    gc.vocab_size);
+        val_loader->check_every_shard();  // a bad one is this rank's line, not a wait in the sum
         check_checkpoint_model(cfg.checkpoint.init, gc);
         model = std::make_unique<GPT>(gc, shape);
         load_checkpoint(*model, cfg.checkpoint.init);
