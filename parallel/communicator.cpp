@@ -4,7 +4,6 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -270,7 +269,8 @@ static int64_t total_of(const std::vector<int>& counts) {
 
 // A blocking collective's bookkeeping around `work`: its time, held back to
 // the emulated link's, all of it exposed.
-void Communicator::blocking(const char* name, double link_seconds, const std::function<void()>& work) {
+template <class Work>
+void Communicator::blocking(const char* name, double link_seconds, const Work& work) {
     Transfer t = begin(name, link_seconds, true);
     work();
     sleep_until(t.ready_at);

@@ -26,7 +26,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <vector>
 
@@ -150,7 +149,8 @@ public:
 
 private:
     Transfer begin(const char* name, double link_seconds, bool counts);
-    void blocking(const char* name, double link_seconds, const std::function<void()>& work);
+    template <class Work>  // defined and used in communicator.cpp only
+    void blocking(const char* name, double link_seconds, const Work& work);
     void all_reduce_piece(float* data, size_t count);
     void sum_blocks(float* data, const std::vector<int>& counts, const std::vector<int>& offsets, const char* name);
     void gather_blocks(float* data, const std::vector<int>& counts, const std::vector<int>& offsets, const char* name);

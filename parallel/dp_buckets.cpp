@@ -19,22 +19,21 @@ BucketLayout::BucketLayout(const std::vector<int64_t>& unit_sizes, int64_t bucke
             open = {open.begin, open.begin, 0};
         }
     }
+    for (size_t b = 0; b < buckets_.size(); b++) {
+        counts_.emplace_back(size_t(dp));
+        offsets_.emplace_back(size_t(dp));
+        for (int q = 0; q < dp; q++) {
+            const FlatRange p = piece(b, q);
+            counts_[b][size_t(q)] = int(p.count);
+            offsets_[b][size_t(q)] = int(p.begin - buckets_[b].begin);
+        }
+    }
 }
 
 FlatRange BucketLayout::piece(size_t b, int q) const {
     const GradientBucket& bucket = buckets_[b];
     const int64_t begin = std::min(bucket.begin + int64_t(q) * bucket.shard, bucket.end);
     return {begin, std::min(bucket.shard, bucket.end - begin)};
-}
-
-void BucketLayout::blocks(size_t b, std::vector<int>& counts, std::vector<int>& offsets) const {
-    counts.resize(size_t(dp_));
-    offsets.resize(size_t(dp_));
-    for (int q = 0; q < dp_; q++) {
-        const FlatRange p = piece(b, q);
-        counts[size_t(q)] = int(p.count);
-        offsets[size_t(q)] = int(p.begin - buckets_[b].begin);
-    }
 }
 
 int64_t BucketLayout::shard_elements() const {

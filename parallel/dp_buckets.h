@@ -36,9 +36,10 @@ public:
     int dp() const { return dp_; }
     // rank q's shard of bucket b, in the flat buffer (count may be 0)
     FlatRange piece(size_t b, int q) const;
-    // every rank's piece of bucket b, for one collective: [count, offset from
-    // the bucket's begin] per rank
-    void blocks(size_t b, std::vector<int>& counts, std::vector<int>& offsets) const;
+    // every rank's piece of bucket b, for one collective: its count, and its
+    // offset from the bucket's begin, per rank (made once, with the layout)
+    const std::vector<int>& counts(size_t b) const { return counts_[b]; }
+    const std::vector<int>& offsets(size_t b) const { return offsets_[b]; }
     // the elements of a rank's optimizer state: Σ over buckets of ⌈L/dp⌉
     int64_t shard_elements() const;
     // dp · shard_elements − the buffer's elements: the padding, never sent
@@ -46,6 +47,7 @@ public:
 
 private:
     std::vector<GradientBucket> buckets_;
+    std::vector<std::vector<int>> counts_, offsets_;  // [bucket][rank]
     int dp_ = 1;
 };
 

@@ -60,10 +60,8 @@ public:
     // this rank's TP shard, from every DP rank's pieces. Collective over dp.
     void gather_moment(const float* moment, float* whole, Communicator& dp) const {
         for (const Piece& p : pieces_) std::memcpy(whole + p.parameter, moment + p.state, size_t(p.count) * 4);
-        std::vector<int> counts, offsets;
         for (size_t b = 0; b < shards_->buckets().size(); b++) {
-            shards_->blocks(b, counts, offsets);
-            dp.all_gather_blocks(whole + shards_->buckets()[b].begin, counts, offsets,
+            dp.all_gather_blocks(whole + shards_->buckets()[b].begin, shards_->counts(b), shards_->offsets(b),
                                  "DP all-gather of AdamW's state");
         }
     }

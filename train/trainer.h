@@ -73,6 +73,7 @@ private:
     std::unique_ptr<AdamWOptimizer<Backend>> optimizer_;
     BucketLayout buckets_;  // the gradient buffer's DP buckets and each rank's piece of them
     std::vector<std::vector<std::vector<SquareSumRange>>> norm_ranges_;  // [dp rank][bucket]
+    std::vector<double> norm_parts_, norm_sums_;                         // global_grad_norm's, made once
     std::unique_ptr<ShardGatherer<Backend>> gatherer_;                   // for checkpoints and samples
     std::unique_ptr<Generator> sampler_;
     std::vector<std::string> token_text_;  // what each token prints as, for samples

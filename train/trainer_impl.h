@@ -210,6 +210,8 @@ void Trainer<Backend>::build() {
     model_ = std::make_unique<GPTModel<Backend>>(gpt_, shape_, tp, tp_comm_.get());
     buckets_ = BucketLayout(bucket_units(model_->parameter_specs), cfg_.parallel.bucket_size, grid_.dp);
     norm_ranges_ = trainer_detail::norm_ranges(*model_, buckets_);
+    norm_parts_.assign(2 * buckets_.buckets().size() * size_t(grid_.dp), 0.0);  // the step allocates nothing
+    norm_sums_.assign(2 * buckets_.buckets().size(), 0.0);
     const bool distributed = cfg_.parallel.distributed_optimizer;
     if (distributed && !Backend::shards_optimizer_state)
         throw ConfigError(std::string("parallel.distributed_optimizer: not built on the ") + Backend::name +
@@ -540,9 +542,8 @@ template <class Backend>
 void Trainer<Backend>::reduce_data_parallel_grads() {
     if (grid_.dp == 1) return;
     if constexpr (Backend::shards_optimizer_state) {
-        std::vector<int> counts, offsets;
         for (size_t b = 0; b < buckets_.buckets().size(); b++) {
-            buckets_.blocks(b, counts, offsets);
+            const std::vector<int>&counts = buckets_.counts(b), &offsets = buckets_.offsets(b);
             float* bucket = model_->grads.wte + buckets_.buckets()[b].begin;
             dp_comm_->reduce_scatter_blocks(bucket, counts, offsets, "DP reduce-scatter of gradients");
             if (!optimizer_->sharded())
@@ -558,11 +559,9 @@ void Trainer<Backend>::reduce_data_parallel_grads() {
 template <class Backend>
 void Trainer<Backend>::gather_updated_parameters() {
     if constexpr (Backend::shards_optimizer_state) {
-        std::vector<int> counts, offsets;
         for (size_t b = 0; b < buckets_.buckets().size(); b++) {
-            buckets_.blocks(b, counts, offsets);
-            dp_comm_->all_gather_blocks(model_->params.wte + buckets_.buckets()[b].begin, counts, offsets,
-                                        "DP all-gather of parameters");
+            dp_comm_->all_gather_blocks(model_->params.wte + buckets_.buckets()[b].begin, buckets_.counts(b),
+                                        buckets_.offsets(b), "DP all-gather of parameters");
         }
     }
 }
@@ -575,14 +574,14 @@ void Trainer<Backend>::gather_updated_parameters() {
 template <class Backend>
 float Trainer<Backend>::global_grad_norm() {
     const size_t buckets = buckets_.buckets().size();
-    std::vector<double> parts(2 * buckets * size_t(grid_.dp), 0.0);  // [dp rank][bucket][sharded, replicated]
+    std::vector<double>& parts = norm_parts_;  // [dp rank][bucket][sharded, replicated]
+    std::vector<double>& summed = norm_sums_;  // [bucket][sharded, replicated]
     const bool own_pieces_only = optimizer_->sharded();
     for (int q = 0; q < grid_.dp; q++) {
         if (own_pieces_only && q != grid_.dp_rank) continue;
         for (size_t b = 0; b < buckets; b++)
             Backend::square_sums(model_->grads.wte, norm_ranges_[size_t(q)][b], &parts[(size_t(q) * buckets + b) * 2]);
     }
-    std::vector<double> summed(2 * buckets);
     if (own_pieces_only) {
         std::copy_n(&parts[size_t(grid_.dp_rank) * 2 * buckets], 2 * buckets, summed.data());
         dp_comm_->all_reduce_sum(summed.data(), summed.size());  // in rank order
