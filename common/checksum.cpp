@@ -5,6 +5,7 @@
 #include <bit>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <vector>
 
 #include "common/errors.h"
@@ -100,6 +101,19 @@ void verify_llmc_file(const std::string& path, const uint32_t* header, const voi
                         hex(header[llmc_checksum_slot]) + ", neither the CRC-32C tag " + hex(llmc_checksum_tag) +
                         " and a CRC nor llm.c's zeros");
     check_crc32c(path, llmc_file_crc(header, payload, bytes), header[llmc_checksum_slot], "the header");
+}
+
+std::string llmc_file_identity(const std::string& path) {
+    std::error_code error;
+    const uintmax_t bytes = std::filesystem::file_size(path, error);
+    uint32_t header[256];
+    FILE* f = error ? nullptr : std::fopen(path.c_str(), "rb");
+    const bool read = f && std::fread(header, 4, 256, f) == 256;
+    if (f) std::fclose(f);
+    if (!read) throw FileError(path + ": cannot read its header");
+    const bool sealed = header[llmc_tag_slot] == llmc_checksum_tag;
+    const uint32_t crc = sealed ? header[llmc_checksum_slot] : crc32c_of_file(path, bytes);
+    return std::to_string(bytes) + " bytes, CRC-32C " + hex(crc) + (sealed ? "" : " (of the file: none recorded)");
 }
 
 }  // namespace tpsp

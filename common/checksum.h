@@ -57,4 +57,10 @@ void seal_llmc_header(uint32_t* header, const void* payload, size_t bytes);
 // damaged: ...".
 void verify_llmc_file(const std::string& path, const uint32_t* header, const void* payload, size_t bytes);
 
+// What an llm.c file holds, in one line, for ranks to compare: its size and
+// the CRC-32C its header records, or, where it records none (llm.c's own
+// files), the CRC-32C of the whole file, read now. A FileError naming PATH
+// if it cannot be read.
+std::string llmc_file_identity(const std::string& path);
+
 }  // namespace tpsp

@@ -63,20 +63,7 @@ static int64_t read_shard_header(const std::string& path) {
 }
 
 std::string shard_identity(const std::string& path) {
-    const int64_t tokens = read_shard_header(path);
-    uint32_t header[256];
-    FILE* f = open_input_file(path, "token shard");
-    const bool read = std::fread(header, 4, 256, f) == 256;
-    std::fclose(f);
-    if (!read) throw FileError(path + ": truncated token shard header");
-    const bool sealed = header[llmc_tag_slot] == llmc_checksum_tag;
-    const uint32_t crc = sealed
-                             ? header[llmc_checksum_slot]
-                             : crc32c_of_file(path, std::min<uint64_t>(1024 + uint64_t(tokens) * 2, 1024 + (1 << 20)));
-    char line[64];
-    std::snprintf(line, sizeof line, "%lld tokens, CRC-32C %08x%s", (long long)tokens, crc,
-                  sealed ? "" : " (first MiB)");
-    return line;
+    return std::to_string(read_shard_header(path)) + " tokens, " + llmc_file_identity(path);
 }
 
 TokenLoader::TokenLoader(const std::string& pattern, int B, int T, int dp_rank, int dp_size, int vocab_size)

@@ -18,7 +18,7 @@ void write_token_shard(const std::string& path, const std::vector<uint16_t>& tok
 std::vector<std::string> expand_shard_glob(const std::string& pattern);
 // What a shard holds, in one line, for ranks to compare: its token count and
 // the CRC-32C its header records, or, for llm.c's shards that record none,
-// the CRC-32C of its header and first MiB (all of it that is read at start).
+// the CRC-32C of the whole file (common/checksum.h: llmc_file_identity).
 std::string shard_identity(const std::string& path);
 // Training must not see the validation shards: an error naming the first
 // shard that both globs match.

@@ -1,10 +1,12 @@
 #include "parallel/communicator.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace tpsp {
@@ -14,20 +16,20 @@ static double peer_timeout_seconds = 300.0;
 void set_peer_timeout(double seconds) { peer_timeout_seconds = seconds; }
 double peer_timeout() { return peer_timeout_seconds; }
 
-// The ranks of comm that do not answer a roll call within `seconds`. Every
-// rank still running the job's collective times out too and calls the roll
-// (each rank's deadline starts when it entered, so they come within a
-// moment of each other): each sends its rank to every other and listens for
-// theirs. The ones never heard from are the stopped ones, or ranks that are
-// somewhere else entirely.
+// The ranks of the job that do not answer a roll call within `seconds`.
+// Every rank still running the job times out too, in whichever wait it is
+// (a stopped rank stops the others within about a step of each other), and
+// calls the roll: each sends its rank to every other and listens for theirs.
+// The ones never heard from are the stopped ones, or ranks that are busy
+// elsewhere for longer than the roll call.
 static constexpr int roll_call_tag = 32766;  // MPI guarantees tags up to 32767; rings use their step
-static std::vector<int> ranks_not_answering(MPI_Comm comm, int rank, int size, double seconds) {
+static std::vector<int> ranks_not_answering(int rank, int size, double seconds) {
     std::vector<int> heard(size_t(size), 0);
     std::vector<MPI_Request> sends(size_t(size), MPI_REQUEST_NULL), receives(size_t(size), MPI_REQUEST_NULL);
     for (int peer = 0; peer < size; peer++) {
         if (peer == rank) continue;
-        MPI_Isend(&rank, 1, MPI_INT, peer, roll_call_tag, comm, &sends[size_t(peer)]);
-        MPI_Irecv(&heard[size_t(peer)], 1, MPI_INT, peer, roll_call_tag, comm, &receives[size_t(peer)]);
+        MPI_Isend(&rank, 1, MPI_INT, peer, roll_call_tag, MPI_COMM_WORLD, &sends[size_t(peer)]);
+        MPI_Irecv(&heard[size_t(peer)], 1, MPI_INT, peer, roll_call_tag, MPI_COMM_WORLD, &receives[size_t(peer)]);
     }
     std::vector<int> answered(size_t(size), 0);
     answered[size_t(rank)] = 1;
@@ -47,10 +49,19 @@ static std::vector<int> ranks_not_answering(MPI_Comm comm, int rank, int size, d
     return silent;  // the requests still pending are left to MPI_Abort
 }
 
+// The lowest rank of 0..size-1 not in `silent` (sorted).
+static int lowest_answering(const std::vector<int>& silent) {
+    int rank = 0;
+    for (int r : silent)
+        if (r == rank) rank++;
+    return rank;
+}
+
 // Waits for request like MPI_Wait (which also polls), but gives up after
-// peer_timeout_seconds: one line, then MPI_Abort ends every rank of the job.
-// The line names the rank waited for: a transfer's peer, or for a collective
-// the ranks that did not answer the roll call.
+// peer_timeout_seconds and ends the job with MPI_Abort. Every waiting rank
+// calls the roll of the job; the lowest rank that answered prints the one
+// line, naming what it waited in and the ranks that did not answer. The
+// others print theirs only if the job is still running a while later.
 static void wait_or_give_up(MPI_Request* request, const char* what, MPI_Comm comm, int peer) {
     const double start = now_seconds();
     for (;;) {
@@ -58,21 +69,23 @@ static void wait_or_give_up(MPI_Request* request, const char* what, MPI_Comm com
         MPI_Test(request, &done, MPI_STATUS_IGNORE);
         if (done) return;
         if (now_seconds() - start < peer_timeout_seconds) continue;
-        int world_rank = 0, rank = 0, size = 1;
+        int world_rank = 0, world_size = 1, rank = 0, size = 1;
         MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+        MPI_Comm_size(MPI_COMM_WORLD, &world_size);
         MPI_Comm_rank(comm, &rank);
         MPI_Comm_size(comm, &size);
         std::string waited_for;
         if (peer >= 0) waited_for = " for rank " + std::to_string(peer) + " of the group";
         const double roll_call_seconds = std::clamp(peer_timeout_seconds, 1.0, 10.0);
-        std::string silent;
-        if (peer < 0 && size > 1)
-            for (int r : ranks_not_answering(comm, rank, size, roll_call_seconds))
-                silent += (silent.empty() ? "" : ", ") + std::to_string(r);
-        std::string verdict = "a peer has stopped";
-        if (!silent.empty())
-            verdict = "rank " + silent + " of the group did not answer within " +
-                      std::to_string(int(roll_call_seconds)) + " s: stopped";
+        const std::vector<int> silent = ranks_not_answering(world_rank, world_size, roll_call_seconds);
+        std::string named;
+        for (int r : silent) named += (named.empty() ? "" : ", ") + std::to_string(r);
+        const std::string verdict =
+            silent.empty() ? "every rank answered the roll call, so none has stopped: they wait in different places"
+                           : (silent.size() > 1 ? "ranks " : "rank ") + named + " of the job did not answer within " +
+                                 std::to_string(int(roll_call_seconds)) + " s: stopped";
+        if (world_rank != lowest_answering(silent))  // its line, and its abort, end the job first
+            std::this_thread::sleep_for(std::chrono::duration<double>(2 * roll_call_seconds));
         std::fprintf(stderr,
                      "tpsp: rank %d: the %s (rank %d of a group of %d) waited %.0f s%s without progress "
                      "(parallel.timeout_s): %s; ending the job\n",

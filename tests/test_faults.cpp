@@ -241,7 +241,11 @@ TEST(Faults, AMistakeOnOneRankEndsTheJobWithinSecondsWithOneLineNamingIt) {
          "tpsp: rank 1: config error: " + (dir / "missing.yaml").string() + ": cannot open config"},
         {train + " train.bogus=1", "tpsp: rank 1: config error: override train.bogus: unknown key train.bogus"},
         {train + " train.lr=0.0123", "tpsp: rank 1: its command or config differs from rank 0's: train.lr=0.0123"},
-        {tpsp_binary + " memory " + tiny, "tpsp: rank 1: its command or config differs from rank 0's: command=memory"},
+        {train.substr(0, train.find(" train ")) + " eval " + tiny,
+         "tpsp: rank 1: its command or config differs from rank 0's: command=eval"},
+        // a one-process command under mpirun: each rank would print it all (prepare's would write one directory)
+        {tpsp_binary + " memory " + tiny,
+         "tpsp: rank 1: config error: tpsp memory runs in one process, not on 2 ranks"},
     };
     for (const auto& [rank_one_runs, says] : cases) {
         SCOPED_TRACE(rank_one_runs);
@@ -258,6 +262,11 @@ TEST(Faults, AMistakeOnOneRankEndsTheJobWithinSecondsWithOneLineNamingIt) {
         expect_one_line(r, says);
         EXPECT_EQ(r.out.find("step "), std::string::npos) << "it trained: " << r.out;
     }
+    Outcome r = run(mpi_env + bounded + "mpirun --oversubscribe -np 2 " + tpsp_binary + " sample none.bin", dir);
+    EXPECT_EQ(r.exit_code, 1);
+    expect_one_line(r,
+                    "tpsp: rank 0: config error: tpsp sample runs in one process, not on 2 ranks: start it "
+                    "without mpirun");
 }
 
 // ----------------------------------------------------------------------------
@@ -395,10 +404,10 @@ TEST(Faults, SigintWithoutACheckpointDirectoryStopsAndSaysNothingWasSaved) {
 // The tiny model trained on 2 TP ranks under mpirun for as long as it is let
 // run, each rank first writing its pid to DIR/pid.sh.RANK, so that a test
 // can signal one of them as a scheduler (or a fault) would one node.
-static std::string two_ranks_training(const fs::path& dir, const std::string& extra) {
+static std::string two_ranks_training(const fs::path& dir, const std::string& extra, int ranks = 2) {
     fs::path wrapper = write_file(dir / "pid.sh", "#!/bin/bash\necho $$ > \"$0.$OMPI_COMM_WORLD_RANK\"\nexec \"$@\"\n");
     fs::permissions(wrapper, fs::perms::owner_all);
-    return mpi_env + "mpirun --oversubscribe -np 2 " + wrapper.string() + " " +
+    return mpi_env + "mpirun --oversubscribe -np " + std::to_string(ranks) + " " + wrapper.string() + " " +
            tiny_train(dir, fast + "parallel.tp=2 train.steps=1000000 logging.every=1 " + extra);
 }
 
@@ -447,7 +456,7 @@ int stop_one_rank_with_sigterm(const fs::path& dir, const std::string& grid) {
     return std::stoi(m[1]);
 }
 
-void expect_a_stopped_rank_named(const fs::path& dir, const std::string& grid);
+void expect_a_stopped_rank_named(const fs::path& dir, const std::string& grid, int ranks = 2);
 
 TEST(Faults, AStoppedRankEndsTheJobAfterParallelTimeoutInsteadOfHangingIt) {
     if (!have_mpirun()) GTEST_SKIP() << "mpirun not installed, or tpsp built without MPI";
@@ -455,30 +464,56 @@ TEST(Faults, AStoppedRankEndsTheJobAfterParallelTimeoutInsteadOfHangingIt) {
         SCOPED_TRACE(grid.empty() ? "t = 2" : "dp = 2, distributed optimizer");
         expect_a_stopped_rank_named(scratch_dir(), grid);
     }
+    // three survivors, each timing out in another wait: still one line
+    SCOPED_TRACE("4 ranks: t = 2, dp = 2");
+    expect_a_stopped_rank_named(scratch_dir(), "", 4);
 }
 
-// Rank 1 of a running job stopped (SIGSTOP) after step 2: rank 0 ends the job
-// after parallel.timeout_s = 3 s, naming rank 1.
-void expect_a_stopped_rank_named(const fs::path& dir, const std::string& grid) {
-    Background job(two_ranks_training(dir, "parallel.timeout_s=3" + grid), dir);
+// The last rank of a running job stopped (SIGSTOP) after step 2: the job ends
+// after parallel.timeout_s = 3 s, with one line, from the lowest rank that
+// waited, naming the stopped one.
+void expect_a_stopped_rank_named(const fs::path& dir, const std::string& grid, int ranks) {
+    Background job(two_ranks_training(dir, "parallel.timeout_s=3" + grid, ranks), dir);
     ASSERT_TRUE(job.wait_for_output("step     2/", 60)) << job.err();
-    const int rank_1 = pid_of_rank(dir, 1);
-    kill(rank_1, SIGSTOP);  // alive, holding its sockets, making no progress
+    const int stopped = ranks - 1, pid = pid_of_rank(dir, stopped);
+    kill(pid, SIGSTOP);  // alive, holding its sockets, making no progress
     const int status = job.wait(60);
-    kill(rank_1, SIGKILL);  // in case the job did not end it
+    kill(pid, SIGKILL);  // in case the job did not end it
     EXPECT_NE(status, 0);
     EXPECT_NE(status, -1) << "the job hung past 60 s";
-    EXPECT_NE(job.err().find("tpsp: rank 0: the "), std::string::npos) << job.err();
-    EXPECT_NE(job.err().find("waited 3 s"), std::string::npos) << job.err();
-    // the rank that waited names the one it waited for: a transfer's peer, or
-    // for a collective the rank that did not answer the roll call
-    const std::regex names_rank_1(
-        "waited 3 s( for rank 1 of the group)? without progress \\(parallel.timeout_s\\): "
-        "(rank 1 of the group did not answer within 3 s: stopped|a peer has stopped); ending the job");
-    std::smatch m;
-    const std::string err = job.err();
-    ASSERT_TRUE(std::regex_search(err, m, names_rank_1)) << err;
-    EXPECT_TRUE(m[1].matched || m[2].str().find("rank 1") == 0) << "the line names no rank: " << m[0];
+    const std::string err = job.err(), stopped_rank = std::to_string(stopped);
+    ASSERT_EQ(count_lines(tpsp_lines(err)), 1) << err;
+    EXPECT_NE(err.find("tpsp: rank 0: the "), std::string::npos) << err;
+    // the rank that waited names the one that stopped: a transfer's peer, and
+    // the rank that did not answer the roll call of the job
+    const std::regex names_the_stopped_rank(
+        "waited 3 s( for rank [0-9] of the group)? without progress "
+        "\\(parallel.timeout_s\\): rank " +
+        stopped_rank + " of the job did not answer within 3 s: stopped; ending the job");
+    EXPECT_TRUE(std::regex_search(err, names_the_stopped_rank)) << err;
+}
+
+// A rank that never reaches MPI_Init (a node gone before the job started, a
+// wrapper that hangs): the others wait there for it, where no MPI_Abort
+// reaches, until parallel.timeout_s (at least 10 s) ends the job.
+TEST(Faults, ARankThatNeverStartsEndsTheJobFromMpiInit) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not installed, or tpsp built without MPI";
+    fs::path dir = scratch_dir();
+    const fs::path wrapper = write_file(dir / "never.sh",
+                                        "#!/bin/sh\n[ \"$OMPI_COMM_WORLD_RANK\" = 1 ] && exec sleep 120\n"
+                                        "exec " +
+                                            tpsp_binary + " train " + tiny + " " + fast +
+                                            "train.steps=2 parallel.timeout_s=2 data.train='" + corpus +
+                                            "/train_*.bin' checkpoint.dir= logging.metrics=\n");
+    fs::permissions(wrapper, fs::perms::owner_all);
+    const auto start = std::chrono::steady_clock::now();
+    Outcome r = run(mpi_env + bounded + "mpirun --oversubscribe -np 2 " + wrapper.string(), dir);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_EQ(r.exit_code, 1) << r.err;
+    EXPECT_LT(seconds, 40.0) << "the job waited for the rank that never started";
+    expect_one_line(r,
+                    "tpsp: rank 0: MPI_Init waited 10 s for the other ranks to start (parallel.timeout_s, at "
+                    "least 10 s): one has stopped or never started; ending the job");
 }
 
 // The gathers after the last step (a save's, the trace file's) wait under the
@@ -864,37 +899,64 @@ TEST(Faults, BadDataFoundLateCostsNoTraining) {
     EXPECT_EQ(field(dir / "metrics.jsonl", "step"), (std::vector<std::string>{"1", "2", "3"}));
 }
 
-// The ranks agree on the shards' names; a node whose copy of a shard holds
-// other tokens is refused before step 1. Here each rank reads the same
-// relative path from its own directory, as two nodes read their own disks.
-TEST(Faults, ARankWhoseCopyOfAShardDiffersIsRefusedBeforeStepOne) {
+// The ranks agree on the files' names; a node whose copy of a shard or of a
+// checkpoint holds other bytes is refused before step 1. Here each rank reads
+// the same relative paths from its own directory, as two nodes read their
+// own disks.
+TEST(Faults, ARankWhoseCopyOfAShardOrCheckpointDiffersIsRefusedBeforeStepOne) {
     if (!have_mpirun()) GTEST_SKIP() << "mpirun not installed, or tpsp built without MPI";
     fs::path dir = scratch_dir();
-    std::vector<uint16_t> tokens(4 * 64 * 3 + 1);
+    // an llm.c shard (no CRC recorded) of 600k tokens, rank 1's copy one token different after its first MiB
+    std::vector<uint16_t> tokens(600000);
     for (size_t i = 0; i < tokens.size(); i++) tokens[i] = uint16_t('a' + i % 26);
     for (int rank = 0; rank < 2; rank++) {
-        fs::create_directories(dir / ("node" + std::to_string(rank)));
-        if (rank == 1) tokens[500] = 'z';  // one token of rank 1's copy differs
-        write_shard(dir / ("node" + std::to_string(rank)) / "train_000000.bin", tokens);
+        const fs::path node = dir / ("node" + std::to_string(rank));
+        fs::create_directories(node);
+        if (rank == 1) tokens[550000] = 'z';
+        write_shard(node / "train_000000.bin", tokens);
+        if (rank == 1) tokens[550000] = uint16_t('a' + 550000 % 26);
+        write_shard(node / "same_000000.bin", tokens);
+        // two steps saved, from another seed on rank 1: another model at the same step
+        const std::string seed = rank == 0 ? "train.seed=1 " : "train.seed=2 ";
+        ASSERT_EQ(
+            run(tiny_train(node, fast + seed + "train.steps=2 checkpoint.every=1 logging.metrics="), node).exit_code,
+            0);
+        fs::copy_file(node / "ckpt" / "model_00000002.bin", node / "init.bin");
+        fs::create_directories(node / "rewound");
+        fs::copy(node / "ckpt", node / "rewound");
+        write_file(node / "rewound" / "latest", rank == 0 ? "2\n" : "1\n");
     }
-    const fs::path wrapper = write_file(
-        dir / "per_node.sh", "#!/bin/sh\ncd " + dir.string() + "/node$OMPI_COMM_WORLD_RANK && exec " + tpsp_binary +
-                                 " train " + tiny + " " + fast +
-                                 "train.steps=2 data.train=train_000000.bin data.val= checkpoint.dir= "
-                                 "logging.metrics=\n");
-    fs::permissions(wrapper, fs::perms::owner_all);
     const auto before = fingerprints(dir);
-    Outcome r = run(mpi_env + bounded + "mpirun --oversubscribe -np 2 " + wrapper.string(), dir);
-    EXPECT_EQ(r.exit_code, 1);
-    expect_ended_in_time(r);
-    expect_one_line(r, "tpsp: rank 1: error: its copy of the data differs from rank 0's: train_000000.bin: 769 tokens");
-    EXPECT_EQ(r.out.find("step "), std::string::npos) << "it trained: " << r.out;
-    EXPECT_EQ(fingerprints(dir), before);
+    auto expect_rank_one_refused = [&](const std::string& args, const std::string& says) {
+        SCOPED_TRACE(args);
+        const fs::path wrapper = write_file(
+            dir / "per_node.sh", "#!/bin/sh\ncd " + dir.string() + "/node$OMPI_COMM_WORLD_RANK && exec " + tpsp_binary +
+                                     " train " + tiny + " " + fast +
+                                     "train.steps=4 data.val= checkpoint.dir= logging.metrics= " + args + "\n");
+        fs::permissions(wrapper, fs::perms::owner_all);
+        Outcome r = run(mpi_env + bounded + "mpirun --oversubscribe -np 2 " + wrapper.string(), dir);
+        fs::remove(wrapper);
+        EXPECT_EQ(r.exit_code, 1);
+        expect_ended_in_time(r);
+        expect_one_line(r, "tpsp: rank 1: error: its copy of an input differs from rank 0's: " + says);
+        EXPECT_EQ(r.out.find("step "), std::string::npos) << "it trained: " << r.out;
+        EXPECT_EQ(fingerprints(dir), before);
+    };
+    expect_rank_one_refused(
+        "data.train=train_000000.bin",
+        "train_000000.bin: 600000 tokens, 1201024 bytes, CRC-32C ");  // read whole, not its first MiB
+    const std::string model_bytes = std::to_string(fs::file_size(dir / "node0" / "init.bin"));
+    expect_rank_one_refused("data.train=same_000000.bin checkpoint.init=init.bin",
+                            "init.bin: " + model_bytes + " bytes, CRC-32C ");
+    expect_rank_one_refused("data.train=same_000000.bin checkpoint.resume=ckpt checkpoint.dir=out",
+                            "ckpt/model_00000002.bin: " + model_bytes + " bytes, CRC-32C ");
+    expect_rank_one_refused("data.train=same_000000.bin checkpoint.resume=rewound checkpoint.dir=out",
+                            "rewound/latest: step 1 (rank 0: rewound/latest: step 2)");
 }
 
 // tpsp eval under mpirun, its checkpoint missing on one node: that rank's one
 // line, and every rank ends, instead of the others waiting in the first sum.
-TEST(Faults, ACheckpointMissingOnOneRankOfAnEvalIsOneLine) {
+TEST(Faults, ACheckpointMissingOrDifferentOnOneRankOfAnEvalIsOneLine) {
     if (!have_mpirun()) GTEST_SKIP() << "mpirun not installed, or tpsp built without MPI";
     fs::path dir = scratch_dir();
     ASSERT_EQ(run(tiny_train(dir, fast + "train.steps=1"), dir).exit_code, 0);
@@ -923,6 +985,17 @@ TEST(Faults, ACheckpointMissingOnOneRankOfAnEvalIsOneLine) {
     EXPECT_EQ(r.exit_code, 1);
     expect_ended_in_time(r);
     expect_one_line(r, "tpsp: rank 1: error: val_000000.bin: token 300 at offset 100");
+    // and another model on node 1 (its shard good again): each rank's loss would be of another model
+    fs::remove(dir / "node1" / "val_000000.bin");
+    fs::copy_file(corpus + "/val_000000.bin", dir / "node1" / "val_000000.bin");
+    ASSERT_EQ(run(tiny_train(dir / "node1", fast + "train.steps=1 train.seed=7"), dir).exit_code, 0);
+    fs::copy_file(dir / "node1" / "ckpt" / "model_00000001.bin", dir / "node1" / "init.bin",
+                  fs::copy_options::overwrite_existing);
+    r = run(mpi_env + bounded + "mpirun --oversubscribe -np 2 " + wrapper.string(), dir);
+    EXPECT_EQ(r.exit_code, 1);
+    expect_ended_in_time(r);
+    expect_one_line(r, "tpsp: rank 1: error: its copy of an input differs from rank 0's: init.bin: ");
+    EXPECT_EQ(r.out.find("val loss"), std::string::npos) << r.out;
 }
 
 TEST(Faults, TwoRunsOnOneMetricsFileAreRefusedByItsLock) {
@@ -1326,7 +1399,10 @@ TEST(Faults, EveryKeyAndOptionIsBoundedByTheValueItWillUse) {
     expect_refused(memory("train.steps=99999999999999999999"), "train.steps: must be at most 2147483647");
     expect_refused(memory("train.seed=18446744073709551616"), "train.seed: must be in [0, 18446744073709551615]");
     expect_refused(memory("train.seed=-1"), "train.seed: must be in [0, 18446744073709551615]");
-    Outcome r = run(memory("train.seed=18446744073709551615"), dir);
+    Outcome r = run(bounded + tpsp_binary + " sample none.bin --seed 18446744073709551616", dir);
+    EXPECT_EQ(r.exit_code, 2) << r.err;  // the command line's: it read 2^64 − 1
+    expect_one_line(r, "--seed: must be in [0, 18446744073709551615], got 18446744073709551616");
+    r = run(memory("train.seed=18446744073709551615"), dir);
     EXPECT_EQ(r.exit_code, 0) << r.err;
     // a map where no section is, a map for a value, nesting beyond yaml-cpp's depth, a second document
     fs::path nested = write_file(dir / "nested.yaml", "parallel:\n  emulated_link: {a: {b: {c: 1}}}\n");
@@ -1341,7 +1417,19 @@ TEST(Faults, EveryKeyAndOptionIsBoundedByTheValueItWillUse) {
     fs::path deep_file = write_file(dir / "deep.yaml", deep);
     expect_refused(tpsp_binary + " memory " + deep_file.string(), "deep.yaml:2: malformed YAML: nested too deeply");
     fs::path two = write_file(dir / "two.yaml", "train:\n  steps: 3\n---\ntrain:\n  steps: 4\n");
-    expect_refused(tpsp_binary + " memory " + two.string(), "two.yaml: holds more than one YAML document");
+    expect_refused(tpsp_binary + " memory " + two.string(), "two.yaml:3: a second YAML document begins here");
+    // an empty first document, or a `...` before the config: yaml-cpp read the empty one and dropped the config
+    fs::path empty_first = write_file(dir / "empty_first.yaml", "---\n---\ntrain:\n  steps: 3\n");
+    expect_refused(tpsp_binary + " memory " + empty_first.string(), "empty_first.yaml:2: a second YAML document");
+    fs::path end_first = write_file(dir / "end_first.yaml", "# notes\n...\ntrain:\n  steps: 3\n");
+    expect_refused(tpsp_binary + " memory " + end_first.string(), "end_first.yaml:3: a second YAML document");
+    // a directive, one `---`, a `...` and a comment after it: one document, read whole
+    fs::path directive = write_file(dir / "directive.yaml", "%YAML 1.2\n---\nmodel:\n  layers: 7\n...\n# the end\n");
+    r = run(tpsp_binary + " memory " + directive.string(), dir);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find("L=7"), std::string::npos) << r.out;
+    // the key whose bound it is, not another
+    expect_refused(memory("model.max_seq_len=1048577"), "model.max_seq_len: at most 1048576");
     // prepare: a validation share it cannot honour, one input given twice (through a link)
     fs::path text = write_file(dir / "text.txt", std::string(20000, 'a'));
     fs::create_symlink(text, dir / "link.txt");

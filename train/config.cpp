@@ -311,8 +311,10 @@ void validate(const Config& c, const std::string& where) {
     if (c.model.channels > ModelLimits::channels)
         fail("model.channels", "at most " + std::to_string(ModelLimits::channels));
     if (c.model.layers > ModelLimits::layers) fail("model.layers", "at most " + std::to_string(ModelLimits::layers));
-    if (c.train.seq_len > ModelLimits::seq_len || c.model.max_seq_len > ModelLimits::seq_len)
+    if (c.train.seq_len > ModelLimits::seq_len)
         fail("train.seq_len", "at most " + std::to_string(ModelLimits::seq_len));
+    if (c.model.max_seq_len > ModelLimits::seq_len)
+        fail("model.max_seq_len", "at most " + std::to_string(ModelLimits::seq_len));
     if (c.model.padded_vocab_size > ModelLimits::padded_vocab)
         fail("model.padded_vocab_size", "at most " + std::to_string(ModelLimits::padded_vocab));
     // the largest activation, [s, b, max(4h, Vp)], is indexed with int in the kernels
@@ -374,28 +376,38 @@ void validate(const Config& c, const std::string& where) {
         fail("parallel.emulated_link.gbps", "the emulated link is a CPU measuring aid: it needs train.device: cpu");
 }
 
-// Whether a YAML text holds a second document: content after a document
-// marker (`---` or `...` at the start of a line) that itself came after
-// content. yaml-cpp's LoadFile reads the first document alone and drops the
-// rest without a word; its LoadAll hangs on some malformed inputs (found by
-// fuzzing), so the markers are found here, in the text.
-bool holds_a_second_document(const std::string& text) {
+// The line (from 1) where a YAML text's second document begins, or 0 if it
+// holds one. yaml-cpp's Load reads the first document alone and drops the
+// rest without a word, even when the first is empty (`---` then `---`, or a
+// `...` before the config); its LoadAll hangs on some malformed inputs (found
+// by fuzzing), so the markers are found here, in the text. A config is one
+// document: directives (`%YAML 1.2`) and comments, at most one `---` before
+// its content, and after a `...` nothing but comments.
+int second_document_line(const std::string& text) {
     auto has_content = [](const std::string& part) {
         const size_t first = part.find_first_not_of(" \t\r");
         return first != std::string::npos && part[first] != '#';
     };
-    bool content = false, marker_after_content = false;
+    bool begun = false, ended = false;  // the one document: begun by `---` or content, ended by `...`
     std::istringstream lines(text);
+    int number = 0;
     for (std::string line; std::getline(lines, line);) {
+        number++;
         const bool marker = (line.rfind("---", 0) == 0 || line.rfind("...", 0) == 0) &&
                             (line.size() == 3 || line[3] == ' ' || line[3] == '\t' || line[3] == '\r');
-        const std::string rest = marker ? line.substr(3) : line;
-        if (marker && content) marker_after_content = true;
-        if (!has_content(rest)) continue;
-        if (marker_after_content) return true;
-        content = true;
+        if (!begun && !ended && line.rfind('%', 0) == 0) continue;  // a directive, before the document
+        if (marker && line[0] == '-') {
+            if (begun || ended) return number;
+            begun = true;
+        } else if (marker) {
+            if (ended) return number;
+            begun = false, ended = true;
+        }
+        if (!has_content(marker ? line.substr(3) : line)) continue;
+        if (ended) return number;
+        begun = true;
     }
-    return false;
+    return 0;
 }
 
 // The file's one YAML document; a second one is refused, not dropped.
@@ -404,8 +416,10 @@ YAML::Node load_one_document(const std::string& path) {
     if (!in) throw YAML::BadFile(path);
     std::stringstream text;
     text << in.rdbuf();
-    if (holds_a_second_document(text.str()))
-        throw ConfigError(path + ": holds more than one YAML document (--- separates them); a config is one");
+    if (const int line = second_document_line(text.str()))
+        throw ConfigError(path + ":" + std::to_string(line) +
+                          ": a second YAML document begins here (after a `---` or `...`), which would be dropped; a "
+                          "config is one document");
     return YAML::Load(text.str());
 }
 

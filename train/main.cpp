@@ -16,13 +16,18 @@
 #include <omp.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <condition_variable>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #ifdef TPSP_WITH_CUDA
@@ -33,6 +38,7 @@
 #include "data/prepare.h"
 #include "model/cpu_blas.h"
 #include "model/memory_report.h"
+#include "parallel/communicator.h"
 #include "train/adamw.h"
 #include "train/benchmark.h"
 #include "train/config.h"
@@ -70,6 +76,20 @@ CLI::Validator at_least(double min) {
             return message;
         },
         "", "at least");
+}
+
+// An unsigned 64-bit option's range: CLI11 reads a larger number as 2^64 − 1,
+// without a word.
+CLI::Validator fits_uint64() {
+    return CLI::Validator(
+        [](std::string& text) -> std::string {
+            errno = 0;
+            char* end = nullptr;
+            std::strtoull(text.c_str(), &end, 10);
+            if (text.empty() || *end || text[0] == '-' || errno != ERANGE) return "";
+            return "must be in [0, 18446744073709551615], got " + text;
+        },
+        "", "uint64");
 }
 
 bool built_with_cuda() {
@@ -238,7 +258,10 @@ void add_sample_options(CLI::App* sample, std::string& checkpoint, SampleOptions
     sample->add_option("--top-k", options.top_k, "draw among the k most likely; 0 is all")
         ->check(at_least(0))
         ->capture_default_str();
-    sample->add_option("--seed", options.seed, "of the draws")->check(at_least(0))->capture_default_str();
+    sample->add_option("--seed", options.seed, "of the draws")
+        ->check(at_least(0))
+        ->check(fits_uint64())
+        ->capture_default_str();
     sample->add_option("--tokenizer-dir", options.tokenizer_dir, "GPT-2 vocabulary models: its files")
         ->capture_default_str();
 }
@@ -299,90 +322,119 @@ std::string error_line() {
     }
 }
 
-// What this rank is about to run, for the ranks to compare: the command and
-// its resolved config, or its words for a command without one.
-StartOutcome resolve(int argc, char** argv, const std::string& command, const ConfigArgs* args, Config& cfg) {
-    StartOutcome start;
-    start.resolved = "command=" + command + "\n";
-    try {
-        if (args) {
-            cfg = args->load();
-            start.resolved += resolved_config_text(cfg);
-        } else {
-            for (int i = 2; i < argc; i++) start.resolved += std::string(argv[i]) + "\n";
-        }
-    } catch (...) {
-        start.exit_code = 1;
-        start.error = error_line();
-    }
-    return start;
+// Only train and eval run on several ranks (and versions, which says what
+// each node loaded); under mpirun the others would each print their output
+// once per rank, and prepare's ranks would write one directory at once.
+void refuse_several_ranks(const std::string& command, StartOutcome& start) {
+    int size = 1;
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (start.exit_code >= 0 || size == 1 || command == "train" || command == "eval" || command == "versions") return;
+    start.exit_code = 1;
+    start.error = "config error: tpsp " + command + " runs in one process, not on " + std::to_string(size) +
+                  " ranks: start it without mpirun (train and eval run on several)";
 }
 
-// The command line, parsed and compared across the ranks (train/start_agreement.h);
-// runs the command it names.
-int run_command(int argc, char** argv, bool lead) {
-    CLI::App app{"tpsp: a GPT-2 trainer with tensor and sequence parallelism, every pass written by hand", "tpsp"};
-    app.require_subcommand(1);
+// The command line, every option bound, and what this rank resolved from it.
+struct CommandLine {
+    std::string command;  // empty when the command line stopped the run (--help, an error)
     ConfigArgs train_args, eval_args, memory_args, bench_args;
-    add_config_arguments(app.add_subcommand("train", "train as the config says"), train_args);
-    add_config_arguments(app.add_subcommand("eval", "validation loss of checkpoint.init"), eval_args);
-    add_config_arguments(app.add_subcommand("memory", "the saved-activation table and its formula, per rank"),
-                         memory_args);
-    CLI::App* bench = app.add_subcommand("bench", "time forward+backward: ms, tokens/s, MFU");
-    add_config_arguments(bench, bench_args);
     BenchOptions bench_options;
-    add_bench_options(bench, bench_options);
     std::vector<std::string> prepare_paths;
     PrepareOptions prepare_options;
-    add_prepare_options(app.add_subcommand("prepare", "text files -> llm.c token shards"), prepare_paths,
-                        prepare_options);
     std::string checkpoint;
     SampleOptions sample_options;
-    add_sample_options(app.add_subcommand("sample", "generate text from a checkpoint (KV cache)"), checkpoint,
-                       sample_options);
+    bool this_process_only = false;
+    Config cfg;
+    StartOutcome start;
+};
+
+// What this rank is about to run, for the ranks to compare: the command and
+// its resolved config, or its words for a command without one.
+void resolve(int argc, char** argv, CommandLine& line) {
+    const ConfigArgs* args = line.command == "train"    ? &line.train_args
+                             : line.command == "eval"   ? &line.eval_args
+                             : line.command == "memory" ? &line.memory_args
+                             : line.command == "bench"  ? &line.bench_args
+                                                        : nullptr;
+    line.start.resolved = "command=" + line.command + "\n";
+    try {
+        if (args) {
+            line.cfg = args->load();
+            line.start.resolved += resolved_config_text(line.cfg);
+        } else {
+            for (int i = 2; i < argc; i++) line.start.resolved += std::string(argv[i]) + "\n";
+        }
+    } catch (...) {
+        line.start.exit_code = 1;
+        line.start.error = error_line();
+    }
+}
+
+// Parses the command line and loads its config, before MPI starts: a rank's
+// own mistake costs no wait, and its parallel.timeout_s bounds MPI's start.
+void read_command_line(int argc, char** argv, bool lead, CommandLine& line) {
+    CLI::App app{"tpsp: a GPT-2 trainer with tensor and sequence parallelism, every pass written by hand", "tpsp"};
+    app.require_subcommand(1);
+    add_config_arguments(app.add_subcommand("train", "train as the config says"), line.train_args);
+    add_config_arguments(app.add_subcommand("eval", "validation loss of checkpoint.init"), line.eval_args);
+    add_config_arguments(app.add_subcommand("memory", "the saved-activation table and its formula, per rank"),
+                         line.memory_args);
+    CLI::App* bench = app.add_subcommand("bench", "time forward+backward: ms, tokens/s, MFU");
+    add_config_arguments(bench, line.bench_args);
+    add_bench_options(bench, line.bench_options);
+    add_prepare_options(app.add_subcommand("prepare", "text files -> llm.c token shards"), line.prepare_paths,
+                        line.prepare_options);
+    add_sample_options(app.add_subcommand("sample", "generate text from a checkpoint (KV cache)"), line.checkpoint,
+                       line.sample_options);
     app.add_subcommand("config-reference", "every config key, its type and default");
     app.add_subcommand("versions", "the build's options and the libraries loaded (BLAS, MPI, CUDA, cuDNN, NCCL)");
-    bool this_process_only = false;
     app.add_subcommand("blas-peak", "sgemm GFLOP/s of every kernel set this CPU supports; holds the best")
-        ->add_flag("--this-process", this_process_only, "only the kernels this process runs (a bare number)");
+        ->add_flag("--this-process", line.this_process_only, "only the kernels this process runs (a bare number)");
 
-    StartOutcome start;
-    start.exit_code = parse(app, argc, argv, lead, start.error);
-    start.resolved = "stopped by the command line\n";
-    const std::string command = start.exit_code < 0 ? app.get_subcommands()[0]->get_name() : "";
-    Config cfg;
-    if (start.exit_code < 0) {
-        const ConfigArgs* args = command == "train"    ? &train_args
-                                 : command == "eval"   ? &eval_args
-                                 : command == "memory" ? &memory_args
-                                 : command == "bench"  ? &bench_args
-                                                       : nullptr;
-        start = resolve(argc, argv, command, args, cfg);
-    }
-    if (const int code = agree_on_start(start); code >= 0) return code;
+    line.start.exit_code = parse(app, argc, argv, lead, line.start.error);
+    line.start.resolved = "stopped by the command line\n";
+    if (line.start.exit_code >= 0) return;
+    line.command = app.get_subcommands()[0]->get_name();
+    resolve(argc, argv, line);
+}
+
+// The ranks compare what they resolved (train/start_agreement.h); then the
+// command runs.
+int run_command(CommandLine& line, bool lead) {
+    refuse_several_ranks(line.command, line.start);
+    if (const int code = agree_on_start(line.start); code >= 0) return code;
+    const std::string& command = line.command;
+    const Config& cfg = line.cfg;
     if (command == "train") return command_train(cfg);  // goes on with its stdout closed (§7)
-    if (command == "prepare") return command_prepare(prepare_paths, prepare_options);
+    if (command == "prepare") return command_prepare(line.prepare_paths, line.prepare_options);
     if (command == "eval") return printed(evaluate(cfg), lead);
     if (command == "memory") return printed(command_memory(cfg), lead);
-    if (command == "bench") return printed(command_bench(cfg, bench_args.path, bench_options), lead);
-    if (command == "sample") return printed(sample_command(checkpoint, sample_options), lead);
-    if (command == "blas-peak") return printed(command_blas_peak(this_process_only), lead);
+    if (command == "bench") return printed(command_bench(cfg, line.bench_args.path, line.bench_options), lead);
+    if (command == "sample") return printed(sample_command(line.checkpoint, line.sample_options), lead);
+    if (command == "blas-peak") return printed(command_blas_peak(line.this_process_only), lead);
     if (command == "versions") return printed(command_versions(), lead);
     std::fputs(config_reference().c_str(), stdout);  // config-reference
     return printed(0, lead);
 }
 
 // Any error a command throws after the start is agreed: one line from rank 0.
-int report_errors(int argc, char** argv) {
+int report_errors(CommandLine& line) {
     int rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     const bool lead = rank == 0;
     try {
-        return run_command(argc, argv, lead);
+        return run_command(line, lead);
     } catch (...) {
         if (lead) std::fprintf(stderr, "tpsp: %s\n", error_line().c_str());
     }
     return 1;
+}
+
+// This process's rank as its launcher set it, before MPI says so: 0 without one.
+int launched_rank() {
+    for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"})
+        if (const char* value = std::getenv(name)) return std::atoi(value);
+    return 0;
 }
 
 // Started without a launcher (no mpirun), Open MPI's MPI_Init would start a
@@ -391,6 +443,33 @@ int report_errors(int argc, char** argv) {
 void start_without_a_daemon_when_alone() {
     const bool launched = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMIX_RANK") || std::getenv("PMI_RANK");
     if (!launched) setenv("OMPI_MCA_ess_singleton_isolated", "1", 0);  // a user's own choice stands
+}
+
+// MPI_Init waits for every rank of the job to start; a rank stopped before
+// it (SIGSTOP, a node gone) would keep the others there forever, where no
+// MPI_Abort can reach. After `seconds` this rank says so and exits, and the
+// launcher ends the job.
+void init_mpi_within(int* argc, char*** argv, double seconds) {
+    std::mutex mutex;
+    std::condition_variable started;
+    bool done = false;
+    std::thread guard([&] {
+        std::unique_lock<std::mutex> lock(mutex);
+        if (started.wait_for(lock, std::chrono::duration<double>(seconds), [&] { return done; })) return;
+        std::fprintf(stderr,
+                     "tpsp: rank %d: MPI_Init waited %.0f s for the other ranks to start (parallel.timeout_s, at "
+                     "least 10 s): one has stopped or never started; ending the job\n",
+                     launched_rank(), seconds);
+        std::fflush(stderr);
+        std::_Exit(1);
+    });
+    MPI_Init(argc, argv);
+    {
+        std::lock_guard<std::mutex> lock(mutex);
+        done = true;
+    }
+    started.notify_one();
+    guard.join();
 }
 
 }  // namespace
@@ -403,9 +482,12 @@ int main(int argc, char** argv) {
     std::signal(SIGXFSZ, SIG_IGN);
     run_with_the_widest_blas_kernels(argv);   // before MPI and the threads start: it may run tpsp again
     take_stop_signals_on_their_own_thread();  // before MPI's and OpenMP's threads, which inherit the mask
+    CommandLine line;
+    read_command_line(argc, argv, launched_rank() == 0, line);
+    set_peer_timeout(line.cfg.parallel.timeout_s);  // the default where this rank's config did not load
     start_without_a_daemon_when_alone();
-    MPI_Init(&argc, &argv);
-    const int code = report_errors(argc, argv);
+    init_mpi_within(&argc, &argv, std::max(peer_timeout(), 10.0));
+    const int code = report_errors(line);
     MPI_Finalize();
     return code;
 }

@@ -49,6 +49,20 @@ struct DataPosition {
     int64_t batch_size = 0, seq_len = 0, dp = 0;
 };
 
+// A state file's size and the CRC-32C it records after its last byte, in
+// one line, for ranks to compare (a FileError if it cannot be read).
+inline std::string state_file_identity(const std::string& path) {
+    std::error_code error;
+    const uintmax_t bytes = std::filesystem::file_size(path, error);
+    uint32_t crc = 0;
+    std::ifstream in(path, std::ios::binary);
+    if (error || bytes < 4 || !in.seekg(std::streamoff(bytes - 4)) || !in.read(reinterpret_cast<char*>(&crc), 4))
+        throw FileError(path + ": cannot read its recorded CRC-32C");
+    char crc_text[16];
+    std::snprintf(crc_text, sizeof crc_text, "%08x", crc);
+    return std::to_string(bytes) + " bytes, CRC-32C " + crc_text;
+}
+
 inline std::string step_file(const std::string& dir, const char* stem, int step) {
     char name[64];
     std::snprintf(name, sizeof name, "/%s_%08d.bin", stem, step);

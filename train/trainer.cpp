@@ -39,6 +39,14 @@ int evaluate(const Config& cfg) {
         load_checkpoint(*model, cfg.checkpoint.init);
     });
     if (!ready) return 1;
+    // every rank's copy of the shards and the checkpoint the same
+    if (!trainer_detail::on_every_rank([&] {
+            trainer_detail::check_same_inputs(trainer_detail::shard_lines(val_loader.get()) +
+                                              trainer_detail::input_line(cfg.checkpoint.init, [&] {
+                                                  return llmc_file_identity(cfg.checkpoint.init);
+                                              }));
+        }))
+        return 1;
     std::vector<int> inputs(size_t(shape.batch) * shape.seq_len), targets(inputs.size());
     float val = trainer_detail::validation_loss(*model, *val_loader, grid, cfg.train.val_batches, inputs.data(),
                                                 targets.data());

@@ -38,14 +38,14 @@ public:
 
 private:
     using Comm = typename Backend::Comm;
-    void open_data();                            // set_up's work on this rank: the grid and the loaders,
-    void check_same_data_on_every_rank() const;  // every rank's shards the same,
-    void reduce_data_parallel_grads();           // over dp, bucket by bucket (§8)
-    void gather_updated_parameters();            // the distributed optimizer's pieces, to every rank
-    float global_grad_norm();                    // ‖g‖, one way in every mode
-    void build();                                // then the model and its state
-    void restore();                              // checkpoint.resume, checkpoint.init, or random weights
-    DataPosition data_position() const;          // the loader's position and the shape that gives it its meaning
+    void open_data();                              // set_up's work on this rank: the grid and the loaders,
+    void check_same_inputs_on_every_rank() const;  // every rank's shards and checkpoint the same,
+    void reduce_data_parallel_grads();             // over dp, bucket by bucket (§8)
+    void gather_updated_parameters();              // the distributed optimizer's pieces, to every rank
+    float global_grad_norm();                      // ‖g‖, one way in every mode
+    void build();                                  // then the model and its state
+    void restore();                                // checkpoint.resume, checkpoint.init, or random weights
+    DataPosition data_position() const;            // the loader's position and the shape that gives it its meaning
     void check_same_data_shape(const DataPosition& saved) const;  // a resume that would re-index the data: refused
     void claim_outputs();            // rank 0: the checkpoint directory, metrics and trace, proven writable
     void check_files_apart() const;  // rank 0: no output is an input, another output or a run directory's file

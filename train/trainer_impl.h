@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <string>
 
+#include "common/checksum.h"
 #include "common/files.h"
 #include "data/gpt2_tokenizer.h"
 #include "train/start_agreement.h"
@@ -47,6 +48,39 @@ float validation_loss(GPTModel<Backend>& model, TokenLoader& loader, ProcessGrid
     }
     grid.dp_group.all_reduce_sum(&sum, 1);
     return float(sum / (double(batches) * grid.dp));
+}
+
+// "NAME: what it holds", or "NAME: unreadable (why)": compared as well, so
+// that no rank leaves the comparison (check_same_inputs) for its error.
+template <class F>
+std::string input_line(const std::string& name, F&& identity) {
+    try {
+        return name + ": " + identity() + "\n";
+    } catch (const FileError& e) {
+        return name + ": unreadable (" + e.what() + ")\n";
+    }
+}
+
+// The lines of every shard a loader reads, for check_same_inputs.
+inline std::string shard_lines(const TokenLoader* loader) {
+    std::string lines;
+    if (loader)
+        for (const std::string& shard : loader->shard_paths())
+            lines += input_line(shard, [&] { return shard_identity(shard); });
+    return lines;
+}
+
+// The ranks agreed on the files' names (agree_on_start); a node whose copy of
+// one holds other bytes would train on it silently (another model, other
+// tokens), so the files themselves are compared, by size and CRC-32C:
+// collective over the job, a FileError on the lowest rank whose copy differs.
+inline void check_same_inputs(const std::string& lines) {
+    std::string difference;
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (lowest_rank_differing(lines, difference) == rank)
+        throw FileError("its copy of an input differs from rank 0's: " + difference +
+                        "; every rank must read the same files");
 }
 
 // Runs `work` on every rank; if it failed anywhere, the lowest failing rank
@@ -160,7 +194,7 @@ bool Trainer<Backend>::set_up() {
     if (cfg_.train.threads > 0) omp_set_num_threads(cfg_.train.threads);
     set_peer_timeout(cfg_.parallel.timeout_s);
     if (!trainer_detail::on_every_rank([&] { open_data(); })) return false;
-    if (!trainer_detail::on_every_rank([&] { check_same_data_on_every_rank(); })) return false;
+    if (!trainer_detail::on_every_rank([&] { check_same_inputs_on_every_rank(); })) return false;
     if (!trainer_detail::on_every_rank([&] { build(); })) return false;
     tokens_per_step_ = shape_.batch * shape_.seq_len * cfg_.train.grad_accum * grid_.dp;
     flops_per_step_ = model_flops_per_token(gpt_, shape_.seq_len) * tokens_per_step_ / grid_.world_size;
@@ -232,23 +266,24 @@ void Trainer<Backend>::build() {
     if (grid_.world_rank == 0) claim_outputs();
 }
 
-// The ranks agreed on the shards' names (agree_on_start); a node whose copy of
-// a shard holds other tokens would train on them silently, so the shards
-// themselves are compared: one line from the lowest rank whose copy differs.
+// Every rank reads the same files: its shards, and the run or checkpoint it
+// starts from (trainer_detail::check_same_inputs).
 template <class Backend>
-void Trainer<Backend>::check_same_data_on_every_rank() const {
-    std::string identities;
-    for (const TokenLoader* loader : {train_loader_.get(), val_loader_.get()})
-        if (loader)
-            for (const std::string& shard : loader->shard_paths()) try {
-                    identities += shard + ": " + shard_identity(shard) + "\n";
-                } catch (const FileError& e) {  // compared too: no rank leaves the collective below
-                    identities += shard + ": unreadable (" + e.what() + ")\n";
-                }
-    std::string difference;
-    if (lowest_rank_differing(identities, difference) == grid_.world_rank)
-        throw FileError("its copy of the data differs from rank 0's: " + difference +
-                        "; every rank must read the same shards");
+void Trainer<Backend>::check_same_inputs_on_every_rank() const {
+    using trainer_detail::input_line;
+    std::string lines = trainer_detail::shard_lines(train_loader_.get()) +
+                        trainer_detail::shard_lines(val_loader_.get());
+    const Config::Checkpoint& ck = cfg_.checkpoint;
+    if (!ck.resume.empty()) {
+        const int step = latest_step(ck.resume);
+        lines += ck.resume + "/latest: step " + std::to_string(step) + "\n";
+        const std::string model = step_file(ck.resume, "model", step), state = step_file(ck.resume, "state", step);
+        if (step >= 0) lines += input_line(model, [&] { return llmc_file_identity(model); });
+        if (step >= 0) lines += input_line(state, [&] { return state_file_identity(state); });
+    } else if (!ck.init.empty()) {
+        lines += input_line(ck.init, [&] { return llmc_file_identity(ck.init); });
+    }
+    trainer_detail::check_same_inputs(lines);
 }
 
 template <class Backend>
