@@ -7,6 +7,7 @@
 // sequence shard [s/t, b, h] is a contiguous block of rows.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -220,7 +221,10 @@ public:
     float forward(const int* inputs, const int* targets, const DropoutStep& draw, bool training = true);
     // Accumulates into grads the gradient of dloss_scale · Σ token losses.
     // Uses the inputs and activations of the last forward; overwrites logits.
-    void backward(float dloss_scale);
+    // After block l's backward, grads_final(L − l), where set: block l's
+    // gradients of the TP-sharded tensors are then final (in the step's last
+    // micro-batch), for the data-parallel buckets to start (§8).
+    void backward(float dloss_scale, const std::function<void(int stage)>& grads_final = {});
     // Under SP each rank saw only its tokens: sums the replicated parameters'
     // gradients over the TP group, in one all-reduce. Once per optimizer step.
     void reduce_replicated_grads();

@@ -555,7 +555,7 @@ void GPTModel<Backend>::classifier_backward(float dloss_scale) {
 }
 
 template <class Backend>
-void GPTModel<Backend>::backward(float dloss_scale) {
+void GPTModel<Backend>::backward(float dloss_scale, const std::function<void(int stage)>& grads_final) {
     const int B = shape.batch, T = shape.seq_len, C = config.channels, L = config.num_layers;
     const int N = T * B, N_local = local_seq() * B, Vp_local = config.padded_vocab_size / tp.size;
     Workspace<Act>& w = workspace;
@@ -563,6 +563,7 @@ void GPTModel<Backend>::backward(float dloss_scale) {
     for (int l = L - 1; l >= 0; l--) {
         recompute_runs_ending_at(l);
         block_backward(l);
+        if (grads_final) grads_final(L - l);
     }
     {
         ComputeSpan span(group_->tracer, "embeddings backward");

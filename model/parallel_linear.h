@@ -90,17 +90,20 @@ private:
 namespace parallel_linear_detail {
 
 // Runs f(first_row, rows) over [0, rows) in up to four tiles of at least 64
-// rows, polling between them so that transfers in flight keep moving; once
-// nothing is in flight the rest is one GEMM. More tiles poll more often but
-// make smaller, slower GEMMs.
+// rows, polling between them so that transfers in flight keep moving (this
+// group's, and the background ones: the DP buckets'); once nothing is in
+// flight the rest is one GEMM. More tiles poll more often but make smaller,
+// slower GEMMs.
 template <class Poll, class F>
 inline void in_row_tiles(int rows, const Poll& poll, F&& f) {
     const int tile = std::max(std::min(64, rows), (rows + 3) / 4);
     for (int r0 = 0; r0 < rows;) {
-        const int count = poll.idle() ? rows - r0 : std::min(tile, rows - r0);
+        const bool idle = poll.idle() && !background_transfers.in_flight;
+        const int count = idle ? rows - r0 : std::min(tile, rows - r0);
         f(r0, count);
         r0 += count;
         poll();
+        background_transfers.poll();
     }
 }
 

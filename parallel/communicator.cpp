@@ -239,18 +239,28 @@ void Communicator::reduce_scatter(const float* full, float* shard, size_t count)
 // travel by all-to-all.
 void Communicator::sum_blocks(float* data, const std::vector<int>& counts, const std::vector<int>& offsets,
                               const char* name) {
+    MPI_Request request;
+    const int slot = start_summing_blocks(data, counts, offsets, &request);
+    wait_or_give_up(&request, name, comm_, -1);
+    Scratch& blocks = *scratch_[size_t(slot)];
+    sum_in_rank_order(data + offsets[size_t(rank_)], blocks.data.data(), size_t(counts[size_t(rank_)]), size_,
+                      size_t(counts[size_t(rank_)]));
+    blocks.in_use = false;
+}
+
+// Starts the all-to-all of sum_blocks into a scratch buffer: its slot.
+int Communicator::start_summing_blocks(float* data, const std::vector<int>& counts, const std::vector<int>& offsets,
+                                       MPI_Request* request) {
     const size_t t = size_t(size_);
     const int block = counts[size_t(rank_)];
-    std::vector<int> mine(t, block), at(t);
-    for (size_t q = 0; q < t; q++) at[q] = int(q) * block;
     const int slot = take_scratch(size_t(block) * t);
-    float* blocks = scratch_[size_t(slot)]->data.data();
-    MPI_Request request;
-    MPI_Ialltoallv(data, counts.data(), offsets.data(), MPI_FLOAT, blocks, mine.data(), at.data(), MPI_FLOAT, comm_,
-                   &request);
-    wait_or_give_up(&request, name, comm_, -1);
-    sum_in_rank_order(data + offsets[size_t(rank_)], blocks, size_t(block), size_, size_t(block));
-    scratch_[size_t(slot)]->in_use = false;
+    Scratch& blocks = *scratch_[size_t(slot)];
+    blocks.counts.assign(t, block);  // every rank's copy of this rank's block, one after another
+    blocks.offsets.resize(t);
+    for (size_t q = 0; q < t; q++) blocks.offsets[q] = int(q) * block;
+    MPI_Ialltoallv(data, counts.data(), offsets.data(), MPI_FLOAT, blocks.data.data(), blocks.counts.data(),
+                   blocks.offsets.data(), MPI_FLOAT, comm_, request);
+    return slot;
 }
 
 void Communicator::gather_blocks(float* data, const std::vector<int>& counts, const std::vector<int>& offsets,
@@ -305,6 +315,28 @@ void Communicator::all_gather_blocks(float* data, const std::vector<int>& counts
     const int64_t count = total_of(counts);
     bytes.all_gather += count * 4;
     blocking(name, ring_seconds(size_t(count) / size_), [&] { gather_blocks(data, counts, offsets, name); });
+}
+
+MpiTransfer Communicator::start_reduce_scatter_blocks(float* data, const std::vector<int>& counts,
+                                                      const std::vector<int>& offsets, const char* name) {
+    if (size_ == 1) return {};
+    const int64_t count = total_of(counts);
+    bytes.reduce_scatter += count * 4;
+    Transfer t = begin(name, ring_seconds(size_t(count) / size_), true);
+    t.scratch = start_summing_blocks(data, counts, offsets, &t.request);
+    t.sum_into = data + offsets[size_t(rank_)];  // finish() adds up the blocks that arrived
+    t.sum_count = size_t(counts[size_t(rank_)]);
+    return t;
+}
+
+MpiTransfer Communicator::start_all_gather_blocks(float* data, const std::vector<int>& counts,
+                                                  const std::vector<int>& offsets, const char* name) {
+    if (size_ == 1) return {};
+    const int64_t count = total_of(counts);
+    bytes.all_gather += count * 4;
+    Transfer t = begin(name, ring_seconds(size_t(count) / size_), true);
+    MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_FLOAT, data, counts.data(), offsets.data(), MPI_FLOAT, comm_, &t.request);
+    return t;
 }
 
 void Communicator::all_reduce_sum(float* data, size_t count) {

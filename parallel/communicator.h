@@ -130,6 +130,12 @@ public:
                         Transfer* sent, Transfer* received);
     Transfer start_all_gather(const float* shard, float* full, size_t count, const char* name);
     Transfer start_reduce_scatter(const float* full, float* shard, size_t count, const char* name);
+    // reduce_scatter_blocks and all_gather_blocks, started: counts and
+    // offsets must outlive the transfer (a BucketLayout's do)
+    Transfer start_reduce_scatter_blocks(float* data, const std::vector<int>& counts, const std::vector<int>& offsets,
+                                         const char* name);
+    Transfer start_all_gather_blocks(float* data, const std::vector<int>& counts, const std::vector<int>& offsets,
+                                     const char* name);
     bool test(Transfer& t);  // moves it on; true once complete (and delivered, on the emulated link)
     void wait(Transfer& t);  // the time spent here is exposed
 
@@ -153,12 +159,15 @@ private:
     void blocking(const char* name, double link_seconds, const Work& work);
     void all_reduce_piece(float* data, size_t count);
     void sum_blocks(float* data, const std::vector<int>& counts, const std::vector<int>& offsets, const char* name);
+    int start_summing_blocks(float* data, const std::vector<int>& counts, const std::vector<int>& offsets,
+                             MPI_Request* request);
     void gather_blocks(float* data, const std::vector<int>& counts, const std::vector<int>& offsets, const char* name);
     double finish(Transfer& t);  // returns when it finished
     double ring_seconds(size_t shard_count) const;
     // reduce-scatter buffers, reused: one per transfer in flight
     struct Scratch {
         std::vector<float> data;
+        std::vector<int> counts, offsets;  // of the blocks arriving in data, while a transfer is in flight
         bool in_use = false;
     };
     int take_scratch(size_t count);

@@ -5,18 +5,19 @@
 
 namespace tpsp {
 
-BucketLayout::BucketLayout(const std::vector<int64_t>& unit_sizes, int64_t bucket_size, int dp) : dp_(dp) {
+BucketLayout::BucketLayout(const std::vector<BucketUnit>& units, int64_t bucket_size, int dp) : dp_(dp) {
     if (bucket_size < 1 || dp < 1) throw std::invalid_argument("BucketLayout: bucket_size and dp must be positive");
     int64_t end = 0;
-    for (int64_t n : unit_sizes) end += n;
-    // from the last unit back, closing a bucket once it holds bucket_size
-    GradientBucket open{end, end, 0};
-    for (size_t i = unit_sizes.size(); i-- > 0;) {
-        open.begin -= unit_sizes[i];
-        if (open.end - open.begin >= bucket_size || i == 0) {
+    for (const BucketUnit& u : units) end += u.elements;
+    // from the last unit back, closing a bucket once it holds bucket_size or its tensor begins
+    GradientBucket open{end, end, 0, 0};
+    for (size_t i = units.size(); i-- > 0;) {
+        open.begin -= units[i].elements;
+        open.final_at = std::max(open.final_at, units[i].final_at);
+        if (open.end - open.begin >= bucket_size || i == 0 || units[i - 1].tensor != units[i].tensor) {
             open.shard = (open.end - open.begin + dp - 1) / dp;
             buckets_.push_back(open);
-            open = {open.begin, open.begin, 0};
+            open = {open.begin, open.begin, 0, 0};
         }
     }
     for (size_t b = 0; b < buckets_.size(); b++) {

@@ -13,9 +13,24 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 
 namespace tpsp {
+
+// Transfers of another group that move on while a linear computes: the
+// gradient buckets' during backward (parallel/dp_reduction.h). Open MPI moves them only inside MPI
+// calls, so the linears poll them between their tiles, as they poll their
+// own transfers, and tile while any is in flight (model/parallel_linear.h).
+// One per thread; nothing to move unless someone set move_on.
+struct BackgroundTransfers {
+    std::function<bool()> move_on;  // moves them on; true while any is in flight
+    bool in_flight = false;
+    void poll() {
+        if (move_on) in_flight = move_on();
+    }
+};
+inline thread_local BackgroundTransfers background_transfers;
 
 // What the compute side calls between tiles: moves the watched transfers on.
 template <class Comm>

@@ -6,21 +6,20 @@
 # paired with. configs/overlap_bench.yaml, 8 steps each, the figures the
 # mean of steps 3–8. Also writes runs/overlap/trace_{off,on}.json and, where
 # Debian's python3-matplotlib is installed, runs/overlap/trace.png.
-#   scripts/bench_overlap.sh [GBPS] [LATENCY_US]   (default 2 Gbit/s, 5 µs)
+#   scripts/bench_overlap.sh [GBPS] [LATENCY_US]   (default: calibrated, 5 µs)
+# Without GBPS the link is calibrated to this machine: the block GEMMs' share
+# of a step (tpsp bench --breakdown) times the compute of a t = 2 step gives
+# the GEMM time the transfers pair with; a run at 1 Gbit/s gives the
+# transfers' time; the link is set so that the two are about equal.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x build/tpsp ] || scripts/build.sh
 scripts/prepare_corpus.sh > /dev/null
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_pml=ob1 OMP_NUM_THREADS=1
-gbps=${1:-2}
+source scripts/bench_lib.sh
 latency=${2:-5}
-link="parallel.emulated_link.gbps=$gbps parallel.emulated_link.latency_us=$latency"
 out=runs/overlap
 mkdir -p $out
-
-# mean of a metrics field over steps 3..8
-mean() { awk -v key="\"$2\":" '{ i = index($0, key); if (i && ++n > 2) { s += substr($0, i + length(key)) + 0; m++ } }
-                                 END { printf "%.1f", m ? s / m : 0 }' "$1"; }
 
 measure() {  # t, flags... -> "step_ms comm_ms exposed_ms"
   local t=$1; shift
@@ -40,7 +39,21 @@ pair() {  # t, label, flags...: the mode without and with the emulated link
            t, label, pm, pc, pe, lm, lc, le, (lc > 0 ? 100 * le / lc : 0), lm / pm }'
 }
 
-echo "emulated link: $gbps Gbit/s, $latency µs per message"
+if [ $# -ge 1 ]; then
+  gbps=$1
+  echo "emulated link: $gbps Gbit/s, $latency µs per message (given)"
+else
+  gemms='^(qkv|attention proj|fc1 [+] gelu|fc2|fc2 [+] gelu backward|fc1 backward|attention proj backward|qkv backward)$'
+  share=$(breakdown_share configs/overlap_bench.yaml "$gemms")
+  read -r none_ms none_comm _ <<< "$(measure 2 parallel.tp_comm_overlap=false)"
+  read -r _ ref_comm _ <<< "$(measure 2 parallel.tp_comm_overlap=false parallel.emulated_link.gbps=1 \
+                                parallel.emulated_link.latency_us=$latency)"
+  paired=$(awk -v f=$share -v s=$none_ms -v c=$none_comm 'BEGIN { printf "%.1f", f * (s - c) }')
+  gbps=$(calibrated_gbps 1 $ref_comm $none_comm $paired)
+  echo "emulated link: $gbps Gbit/s, $latency µs per message, calibrated: the block GEMMs are $share of a step's" \
+       "compute, $paired ms of a t = 2 step; at 1 Gbit/s its transfers took $ref_comm ms (no link: $none_comm ms)"
+fi
+link="parallel.emulated_link.gbps=$gbps parallel.emulated_link.latency_us=$latency"
 echo
 echo "| t | mode | step ms | comm / exposed ms | step ms, emulated link | comm / exposed ms, emulated link | link / no link |"
 echo "|---|---|---|---|---|---|---|"

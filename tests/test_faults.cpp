@@ -277,9 +277,11 @@ void expect_a_diverging_run_stopped_unsaved(const fs::path& dir, const std::stri
 TEST(Faults, ADivergingRunStopsAtTheStepWithoutApplyingOrSavingIt) {
     expect_a_diverging_run_stopped_unsaved(scratch_dir(), "", "");
     if (!have_mpirun()) return;
-    SCOPED_TRACE("dp = 2, distributed optimizer");  // each rank updates a piece: none may apply the step
-    expect_a_diverging_run_stopped_unsaved(scratch_dir() / "dp", mpi_env + "mpirun --oversubscribe -np 2 ",
-                                           " parallel.distributed_optimizer=true " + fast);
+    SCOPED_TRACE(
+        "dp = 2, distributed optimizer, overlap_grad_reduce");  // each rank updates a piece: none may apply the step
+    expect_a_diverging_run_stopped_unsaved(
+        scratch_dir() / "dp", mpi_env + "mpirun --oversubscribe -np 2 ",
+        " parallel.distributed_optimizer=true parallel.overlap_grad_reduce=true " + fast);
 }
 
 void expect_a_diverging_run_stopped_unsaved(const fs::path& dir, const std::string& launcher, const std::string& grid) {
@@ -460,8 +462,9 @@ void expect_a_stopped_rank_named(const fs::path& dir, const std::string& grid, i
 
 TEST(Faults, AStoppedRankEndsTheJobAfterParallelTimeoutInsteadOfHangingIt) {
     if (!have_mpirun()) GTEST_SKIP() << "mpirun not installed, or tpsp built without MPI";
-    for (const std::string grid : {"", " parallel.tp=1 parallel.distributed_optimizer=true"}) {
-        SCOPED_TRACE(grid.empty() ? "t = 2" : "dp = 2, distributed optimizer");
+    for (const std::string grid :
+         {"", " parallel.tp=1 parallel.distributed_optimizer=true parallel.overlap_grad_reduce=true"}) {
+        SCOPED_TRACE(grid.empty() ? "t = 2" : "dp = 2, distributed optimizer, overlap_grad_reduce");
         expect_a_stopped_rank_named(scratch_dir(), grid);
     }
     // three survivors, each timing out in another wait: still one line

@@ -451,18 +451,24 @@ TEST(Sampling, TemperatureZeroIsArgmaxAndTopKStaysInTheTopK) {
 // data parallelism's buckets and the distributed optimizer's memory (docs/design.md §8)
 
 // Units of odd sizes, dp = 3: the buckets cover the buffer from its end, each
-// of whole units and at least bucket_size but the first bucket of the buffer;
-// each bucket's dp pieces cover it once, in rank order; the padding is what
-// the ⌈L/dp⌉ shards add.
+// of whole units of one tensor and at least bucket_size but a tensor's first;
+// each is final at its latest unit's stage; each bucket's dp pieces cover it
+// once, in rank order; the padding is what the ⌈L/dp⌉ shards add.
 TEST(DataParallel, BucketsCoverTheBufferFromItsEndAndTheirPiecesCoverEachBucketOnce) {
-    const std::vector<int64_t> units = {7, 5, 13, 1, 9, 2, 2};  // 39 elements
+    // tensor 0 [0, 12) and 1 [12, 25) final at the end (stage 5); tensor 2 [25, 39) of 4 layers, final layer by layer
+    const std::vector<BucketUnit> units = {{7, 0, 5}, {5, 0, 5}, {13, 1, 5}, {1, 2, 4},
+                                           {9, 2, 3}, {2, 2, 2}, {2, 2, 1}};
     const BucketLayout layout(units, 10, 3);
     const std::vector<GradientBucket>& buckets = layout.buckets();
-    ASSERT_EQ(buckets.size(), 3u);  // [26, 39) = 9 + 2 + 2, [12, 26) = 13 + 1, [0, 12) = 7 + 5
+    ASSERT_EQ(buckets.size(), 4u);  // [26, 39) = 9 + 2 + 2, [25, 26) = 1 (its tensor's first), [12, 25), [0, 12)
+    const std::vector<int64_t> begins = {26, 25, 12, 0};
+    const std::vector<int> final_at = {3, 4, 5, 5};
     int64_t end = 39, padded = 0;
     for (size_t b = 0; b < buckets.size(); b++) {
         EXPECT_EQ(buckets[b].end, end);
-        if (b + 1 < buckets.size()) {
+        EXPECT_EQ(buckets[b].begin, begins[b]);
+        EXPECT_EQ(buckets[b].final_at, final_at[b]) << "bucket " << b;
+        if (b != 1) {
             EXPECT_GE(buckets[b].end - buckets[b].begin, 10);
         }
         int64_t at = buckets[b].begin;
@@ -477,8 +483,6 @@ TEST(DataParallel, BucketsCoverTheBufferFromItsEndAndTheirPiecesCoverEachBucketO
         end = buckets[b].begin;
     }
     EXPECT_EQ(end, 0);
-    EXPECT_EQ(buckets[0].begin, 26);
-    EXPECT_EQ(buckets[1].begin, 12);
     EXPECT_EQ(layout.padding(), padded - 39);
     EXPECT_GT(layout.padding(), 0);
     EXPECT_EQ(layout.shard_elements() * 3, padded);

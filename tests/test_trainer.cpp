@@ -753,9 +753,11 @@ DataParallelRun dp_train(const fs::path& dir, int ranks, const std::string& flag
 }  // namespace
 
 // Every element of the gradient is summed over the DP ranks in rank order in
-// every mode, and the norm is taken one way: the distributed optimizer trains
-// the same bits as plain data parallelism, at any bucket size.
-TEST(DataParallelTraining, TheDistributedOptimizerTrainsTheBitsOfPlainDataParallelism) {
+// every mode, and the norm is taken one way: the distributed optimizer and
+// the gradient reduction overlapped with backward train the same bits as
+// plain data parallelism, at any bucket size (the small one: a bucket per
+// layer slice, started during backward), with the TP overlap on too.
+TEST(DataParallelTraining, EveryDataParallelModeTrainsTheBitsOfPlainDataParallelism) {
     if (!have_mpirun()) GTEST_SKIP() << "mpirun not installed";
     fs::path root = scratch_dir();
     for (const std::string grid : {"parallel.tp=1", "parallel.tp=2"}) {
@@ -763,14 +765,24 @@ TEST(DataParallelTraining, TheDistributedOptimizerTrainsTheBitsOfPlainDataParall
             SCOPED_TRACE(grid + buckets);
             const std::string name = grid.substr(9) + (buckets.empty() ? "" : "_small");
             DataParallelRun plain = dp_train(root / ("plain" + name), 4, grid + buckets);
-            DataParallelRun sharded = dp_train(root / ("sharded" + name), 4,
-                                               grid + buckets + " parallel.distributed_optimizer=true");
             ASSERT_EQ(plain.losses.size(), 8u);
-            EXPECT_EQ(sharded.losses, plain.losses);
-            EXPECT_EQ(sharded.norms, plain.norms);
             ASSERT_FALSE(plain.model.empty());
-            EXPECT_TRUE(sharded.model == plain.model) << "the weights after step 8 differ";
-            EXPECT_TRUE(sharded.state == plain.state) << "AdamW's moments after step 8 differ";
+            const std::string overlap = " parallel.overlap_grad_reduce=true";
+            std::vector<std::pair<std::string, std::string>> modes = {
+                {"sharded", " parallel.distributed_optimizer=true"},
+                {"overlapped", overlap},
+                {"sharded_overlapped", " parallel.distributed_optimizer=true" + overlap}};
+            if (grid == "parallel.tp=2")
+                modes.push_back(
+                    {"every_overlap", " parallel.distributed_optimizer=true parallel.tp_comm_overlap=true " + overlap});
+            for (const auto& [mode, flags] : modes) {
+                SCOPED_TRACE(mode);
+                DataParallelRun other = dp_train(root / (mode + name), 4, grid + buckets + flags);
+                EXPECT_EQ(other.losses, plain.losses);
+                EXPECT_EQ(other.norms, plain.norms);
+                EXPECT_TRUE(other.model == plain.model) << "the weights after step 8 differ";
+                EXPECT_TRUE(other.state == plain.state) << "AdamW's moments after step 8 differ";
+            }
         }
     }
 }
@@ -795,8 +807,43 @@ TEST(DataParallelTraining, TheMetricsAndTheTraceShowTheDataParallelTransfers) {
         reduce_scatters += e["name"] == "DP reduce-scatter of gradients";
         all_gathers += e["name"] == "DP all-gather of parameters";
     }
-    EXPECT_EQ(reduce_scatters, 2 * 4);  // 2 traced steps × the tiny model's 4 buckets
-    EXPECT_EQ(all_gathers, 2 * 4);
+    EXPECT_EQ(reduce_scatters, 2 * 16);  // 2 traced steps × the tiny model's 16 buckets (one per tensor)
+    EXPECT_EQ(all_gathers, 2 * 16);
+}
+
+// With parallel.overlap_grad_reduce the buckets of the last blocks start
+// during backward: in the trace, reduce-scatters begin before the first
+// block's backward (its qkv backward, the step's last) does; without it,
+// none begins before backward has ended.
+TEST(DataParallelTraining, TheGradientBucketsStartDuringBackwardWithOverlapGradReduce) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not installed";
+    for (const bool overlap : {true, false}) {
+        SCOPED_TRACE(overlap ? "overlap_grad_reduce" : "no overlap");
+        fs::path dir = scratch_dir() / (overlap ? "on" : "off");
+        dp_train(dir, 2,
+                 std::string("parallel.bucket_size=30000 logging.trace_steps=1 parallel.overlap_grad_reduce=") +
+                     (overlap ? "true" : "false") + " logging.trace=" + (dir / "trace.json").string());
+        const nlohmann::json trace = nlohmann::json::parse(read_text(dir / "trace.json"));
+        double last_backward_begins = 0, last_backward_ends = 0;  // rank 0's last qkv backward
+        std::vector<double> reduce_scatters;
+        for (const nlohmann::json& e : trace["traceEvents"]) {
+            if (e["ph"] != "X" || e["pid"] != 0) continue;
+            const double begins = e["ts"].get<double>(), ends = begins + e["dur"].get<double>();
+            if (e["name"] == "qkv backward" && begins > last_backward_begins)
+                last_backward_begins = begins, last_backward_ends = ends;
+            if (e["name"] == "DP reduce-scatter of gradients") reduce_scatters.push_back(begins);
+        }
+        ASSERT_EQ(reduce_scatters.size(), 26u);  // one traced step, 26 buckets at this size
+        const auto early = std::count_if(reduce_scatters.begin(), reduce_scatters.end(),
+                                         [&](double t) { return t < last_backward_begins; });
+        if (overlap) {
+            // final after blocks 3, 2, 1 (qkvw, fcw, fcprojw of each, attprojw of blocks 3 and 2): 10 buckets
+            EXPECT_EQ(early, 10) << "the buckets of blocks 3, 2 and 1 did not start during backward";
+        } else {
+            EXPECT_EQ(early, 0);
+            EXPECT_GE(*std::min_element(reduce_scatters.begin(), reduce_scatters.end()), last_backward_ends);
+        }
+    }
 }
 
 // Another order of sums (dp = 2 against dp = 1 with twice the batch): equal

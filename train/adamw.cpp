@@ -17,9 +17,9 @@ float LrSchedule::at(int step) const {
 
 ModelStateBytes model_state_bytes(const GPTConfig& config, int tp, int64_t bucket_size, int dp, bool distributed) {
     ParameterTensors unused;
-    const std::vector<int64_t> units = bucket_units(parameter_table(config, tp, &unused));
+    const std::vector<BucketUnit> units = bucket_units(parameter_table(config, tp, &unused));
     int64_t n = 0;
-    for (int64_t u : units) n += u;
+    for (const BucketUnit& u : units) n += u.elements;
     const BucketLayout layout(units, bucket_size, dp);
     ModelStateBytes bytes;
     bytes.parameters = bytes.gradients = 4 * n;

@@ -105,13 +105,23 @@ private:
 using AdamW = AdamWOptimizer<CpuBackend>;
 
 // The units a bucket is made of: each tensor, or for a tensor of every
-// layer ([L, …] in llm.c's layout) each layer's slice, in buffer order.
-inline std::vector<int64_t> bucket_units(const std::vector<TensorSpec>& parameters) {
-    std::vector<int64_t> units;
-    for (const TensorSpec& t : parameters) {
+// layer ([L, …] in llm.c's layout) each layer's slice, in buffer order, with
+// the stage of backward at which each is final (parallel/dp_buckets.h):
+// layer l's slice of a TP-sharded tensor after block l's backward, stage
+// L − l; the embeddings and the replicated tensors (summed over the TP group
+// after backward) at its end, stage L + 1.
+inline std::vector<BucketUnit> bucket_units(const std::vector<TensorSpec>& parameters) {
+    std::vector<BucketUnit> units;
+    int layers = 0;
+    for (const TensorSpec& t : parameters)
+        if (t.shape.size() > 1 && t.shape[0].symbol == "L") layers = int(t.shape[0].size);
+    for (size_t i = 0; i < parameters.size(); i++) {
+        const TensorSpec& t = parameters[i];
         const bool layered = t.shape.size() > 1 && t.shape[0].symbol == "L";
+        const bool per_block = layered && !parameter_is_replicated(t.name);
         const int64_t slices = layered ? t.shape[0].size : 1;
-        for (int64_t l = 0; l < slices; l++) units.push_back(t.elements() / slices);
+        for (int64_t l = 0; l < slices; l++)
+            units.push_back({t.elements() / slices, int(i), per_block ? layers - int(l) : layers + 1});
     }
     return units;
 }

@@ -214,9 +214,12 @@ const std::vector<Key>& keys() {
                  [](Config& c) -> bool& { return c.parallel.distributed_optimizer; },
                  "each data-parallel rank keeps AdamW's state for its shard of the gradients only, "
                  "reduce-scatters the gradients and all-gathers the updated parameters (CPU backend)"),
+        bool_key("parallel.overlap_grad_reduce", [](Config& c) -> bool& { return c.parallel.overlap_grad_reduce; },
+                 "start each gradient bucket's data-parallel reduction as soon as backward has made it final, "
+                 "hidden behind the rest of backward (CPU backend)"),
         int_key("parallel.bucket_size", [](Config& c) -> int& { return c.parallel.bucket_size; }, 1,
-                "parameters per data-parallel gradient bucket (at least: whole tensors); buckets are cut in "
-                "the order backward finishes them"),
+                "parameters per data-parallel gradient bucket (at least, within one tensor: layer slices from "
+                "the last layer back; a tensor's first bucket may hold fewer)"),
         int_key("parallel.timeout_s", [](Config& c) -> int& { return c.parallel.timeout_s; }, 1,
                 "seconds a rank waits for its peers in one transfer before it ends the job (an MPI wait; an NCCL operation, through a watchdog)"),
         float_key("parallel.emulated_link.gbps", [](Config& c) -> float& { return c.parallel.emulated_link_gbps; }, 0.0,
@@ -372,6 +375,8 @@ void validate(const Config& c, const std::string& where) {
                                                 ": a chunk would hold no column");
     if (c.train.device == "cuda" && c.parallel.distributed_optimizer)
         fail("parallel.distributed_optimizer", "is built on the CPU backend so far: it needs train.device: cpu");
+    if (c.train.device == "cuda" && c.parallel.overlap_grad_reduce)
+        fail("parallel.overlap_grad_reduce", "is built on the CPU backend so far: it needs train.device: cpu");
     if (c.train.device != "cpu" && c.parallel.emulated_link_gbps > 0)
         fail("parallel.emulated_link.gbps", "the emulated link is a CPU measuring aid: it needs train.device: cpu");
 }

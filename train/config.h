@@ -64,6 +64,9 @@ struct Config {
         // latency is small beside its transfer, small enough that the last
         // bucket, which no compute can hide, is short.
         bool distributed_optimizer = false;
+        // Each bucket's reduction starts once backward has made it final and
+        // moves on between the GEMM tiles of the rest of backward (§8).
+        bool overlap_grad_reduce = false;
         int bucket_size = 250000;
         // How long a rank waits for its peers in one transfer before it ends
         // the job (a peer that stopped would otherwise hang it forever).

@@ -15,6 +15,7 @@
 #include "data/token_shards.h"
 #include "model/gpt.h"
 #include "model/sampler.h"
+#include "parallel/dp_reduction.h"
 #include "parallel/process_grid.h"
 #include "parallel/trace.h"
 #include "train/adamw.h"
@@ -40,6 +41,7 @@ private:
     using Comm = typename Backend::Comm;
     void open_data();                              // set_up's work on this rank: the grid and the loaders,
     void check_same_inputs_on_every_rank() const;  // every rank's shards and checkpoint the same,
+    void backward_starting_buckets(float dloss);   // the last micro-batch's, starting the DP buckets it makes final
     void reduce_data_parallel_grads();             // over dp, bucket by bucket (§8)
     void gather_updated_parameters();              // the distributed optimizer's pieces, to every rank
     float global_grad_norm();                      // ‖g‖, one way in every mode
@@ -68,10 +70,12 @@ private:
     Tracer tracer_;
     std::unique_ptr<typename Backend::Runtime> runtime_;  // the GPU this rank drives, on CUDA
     std::unique_ptr<Comm> tp_comm_, dp_comm_;             // the model's and the gradients' groups
+    std::unique_ptr<Comm> dp_gather_comm_;                // the DP group again, for the gradients' all-gathers
     std::unique_ptr<TokenLoader> train_loader_, val_loader_;
     std::unique_ptr<GPTModel<Backend>> model_;
     std::unique_ptr<AdamWOptimizer<Backend>> optimizer_;
     BucketLayout buckets_;  // the gradient buffer's DP buckets and each rank's piece of them
+    std::unique_ptr<GradientReduction<Comm>> reduction_;  // their sum over the DP group (the CPU backend)
     std::vector<std::vector<std::vector<SquareSumRange>>> norm_ranges_;  // [dp rank][bucket]
     std::vector<double> norm_parts_, norm_sums_;                         // global_grad_norm's, made once
     std::unique_ptr<ShardGatherer<Backend>> gatherer_;                   // for checkpoints and samples

@@ -233,12 +233,21 @@ void Trainer<Backend>::build() {
     dp_comm_ = Backend::make_group(*grid_.dp_group.mpi());
     tp_comm_->link = {cfg_.parallel.emulated_link_gbps, cfg_.parallel.emulated_link_latency_us};
     dp_comm_->link = tp_comm_->link;  // the one link every group's transfers cross
+    if constexpr (Backend::shards_optimizer_state) {
+        MPI_Comm gathers;  // the all-gathers start in an order of their own (parallel/dp_reduction.h)
+        MPI_Comm_dup(*grid_.dp_group.mpi(), &gathers);
+        dp_gather_comm_ = Backend::make_group(gathers);
+        dp_gather_comm_->link = tp_comm_->link;
+    }
     if (!cfg_.logging.trace.empty()) {
         tracer_.enable(size_t(200000));
         tracer_.fence = Backend::synchronize;  // on a GPU the spans then time the kernels, not their launches
         tp_comm_->tracer = &tracer_;
-        dp_comm_->tracer = &tracer_;
-        dp_comm_->track = Track::data_parallel;  // a row of its own
+        for (Comm* dp : {dp_comm_.get(), dp_gather_comm_.get()})
+            if (dp) {
+                dp->tracer = &tracer_;
+                dp->track = Track::data_parallel;  // a row of its own
+            }
     }
     const TensorParallelism tp{grid_.tp, grid_.tp_rank, cfg_.parallel.sequence_parallel, cfg_.overlap()};
     model_ = std::make_unique<GPTModel<Backend>>(gpt_, shape_, tp, tp_comm_.get());
@@ -247,6 +256,9 @@ void Trainer<Backend>::build() {
     norm_parts_.assign(2 * buckets_.buckets().size() * size_t(grid_.dp), 0.0);  // the step allocates nothing
     norm_sums_.assign(2 * buckets_.buckets().size(), 0.0);
     const bool distributed = cfg_.parallel.distributed_optimizer;
+    if constexpr (Backend::shards_optimizer_state)
+        reduction_ = std::make_unique<GradientReduction<Comm>>(*dp_comm_, dp_gather_comm_.get(), buckets_,
+                                                               model_->grads.wte, !distributed);
     if (distributed && !Backend::shards_optimizer_state)
         throw ConfigError(std::string("parallel.distributed_optimizer: not built on the ") + Backend::name +
                           " backend yet: it needs train.device: cpu");
@@ -525,8 +537,8 @@ StepMetrics Trainer<Backend>::train_step(int step) {
     model.zero_grad();
     tp_comm_->bytes = {};
     tp_comm_->time = {};
-    dp_comm_->bytes = {};
-    dp_comm_->time = {};
+    for (Comm* dp : {dp_comm_.get(), dp_gather_comm_.get()})
+        if (dp) dp->bytes = {}, dp->time = {};
     const float dloss = 1.0f / float(tokens_per_step_);
     double loss = 0.0;
     for (int micro = 0; micro < cfg_.train.grad_accum; micro++) {
@@ -534,7 +546,8 @@ StepMetrics Trainer<Backend>::train_step(int step) {
         const DropoutStep draw{cfg_.train.seed, uint32_t(step),
                                (int64_t(micro) * grid_.dp + grid_.dp_rank) * shape_.batch};
         loss += model.forward(inputs_.data() + at, targets_.data() + at, draw);
-        model.backward(dloss);
+        if (micro + 1 == cfg_.train.grad_accum) backward_starting_buckets(dloss);
+        else model.backward(dloss);
     }
     model.reduce_replicated_grads();
     reduce_data_parallel_grads();
@@ -566,24 +579,44 @@ StepMetrics Trainer<Backend>::train_step(int step) {
     m.comm = tp_comm_->time;
     m.dp_bytes = dp_comm_->bytes;
     m.dp_comm = dp_comm_->time;
+    if (dp_gather_comm_) {
+        m.dp_bytes.all_gather += dp_gather_comm_->bytes.all_gather;
+        m.dp_comm.total += dp_gather_comm_->time.total;
+        m.dp_comm.exposed += dp_gather_comm_->time.exposed;
+    }
     return m;
+}
+
+// The step's last backward. With parallel.overlap_grad_reduce, each DP
+// bucket's reduction starts once backward has made it final, and moves on
+// between the GEMM tiles of the rest of backward (parallel/dp_reduction.h).
+template <class Backend>
+void Trainer<Backend>::backward_starting_buckets(float dloss) {
+    if constexpr (Backend::shards_optimizer_state) {
+        reduction_->begin();
+        if (cfg_.parallel.overlap_grad_reduce && grid_.dp > 1) {
+            background_transfers.move_on = [this] { return reduction_->move_on(); };
+            model_->backward(dloss, [this](int stage) {
+                reduction_->start_final(stage);
+                background_transfers.poll();
+            });
+            background_transfers = {};
+            return;
+        }
+    }
+    model_->backward(dloss);
 }
 
 // The gradients summed over the DP group, bucket by bucket, as a
 // reduce-scatter (each rank sums its piece, in rank order) and then, unless
 // each rank updates only its piece (the distributed optimizer), an
-// all-gather: every element is summed in the same order in every mode.
+// all-gather: every element is summed in the same order in every mode. The
+// buckets backward did not start start now; the wait for them is exposed.
 template <class Backend>
 void Trainer<Backend>::reduce_data_parallel_grads() {
     if (grid_.dp == 1) return;
     if constexpr (Backend::shards_optimizer_state) {
-        for (size_t b = 0; b < buckets_.buckets().size(); b++) {
-            const std::vector<int>&counts = buckets_.counts(b), &offsets = buckets_.offsets(b);
-            float* bucket = model_->grads.wte + buckets_.buckets()[b].begin;
-            dp_comm_->reduce_scatter_blocks(bucket, counts, offsets, "DP reduce-scatter of gradients");
-            if (!optimizer_->sharded())
-                dp_comm_->all_gather_blocks(bucket, counts, offsets, "DP all-gather of gradients");
-        }
+        reduction_->finish();
     } else {
         dp_comm_->all_reduce_sum(model_->grads.wte, size_t(model_->num_parameters));
     }

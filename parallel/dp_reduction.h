@@ -1,0 +1,101 @@
+// The data-parallel sum of one rank's gradient buffer, bucket by bucket
+// (docs/design.md §8). Each bucket is reduce-scattered (each rank sums its
+// piece over the ranks, in rank order) and then, unless each rank updates
+// only its piece (the distributed optimizer), all-gathered. With
+// parallel.overlap_grad_reduce a bucket starts as soon as backward has made
+// it final, and its transfers move on while backward computes; without, all
+// start after backward. Every element is summed in the same order either
+// way, so every mode trains the same bits.
+//
+// MPI matches the collectives of a communicator by the order the ranks start
+// them in. The reduce-scatters start in one order on every rank (by stage,
+// then bucket); an all-gather starts once its reduce-scatter has completed,
+// which each rank sees at its own moment, so the all-gathers run on a second
+// communicator of the same ranks, in the same order as the reduce-scatters.
+#pragma once
+#include <algorithm>
+#include <cstddef>
+#include <limits>
+#include <vector>
+
+#include "parallel/dp_buckets.h"
+
+namespace tpsp {
+
+template <class Comm>
+class GradientReduction {
+public:
+    using Transfer = typename Comm::Transfer;
+    // grads: the flat buffer the layout describes; gather_comm: the same
+    // ranks as comm, for the all-gathers (null when gather_after is false)
+    GradientReduction(Comm& comm, Comm* gather_comm, const BucketLayout& layout, float* grads, bool gather_after)
+        : comm_(comm), gather_comm_(gather_comm), layout_(layout), grads_(grads), gather_after_(gather_after) {
+        for (size_t b = 0; b < layout.buckets().size(); b++) order_.push_back(b);
+        std::stable_sort(order_.begin(), order_.end(), [&](size_t a, size_t b) {
+            return layout.buckets()[a].final_at < layout.buckets()[b].final_at;
+        });
+        flights_.resize(order_.size());
+    }
+
+    // A new step: nothing started yet.
+    void begin() {
+        started_ = gathered_ = 0;
+        for (Flight& f : flights_) f = {};
+    }
+    // Starts the reduce-scatter of every bucket final at `stage` or before.
+    void start_final(int stage) {
+        while (started_ < order_.size() && layout_.buckets()[order_[started_]].final_at <= stage) {
+            const size_t b = order_[started_];
+            flights_[started_].reduce = comm_.start_reduce_scatter_blocks(
+                grads_ + layout_.buckets()[b].begin, layout_.counts(b), layout_.offsets(b),
+                "DP reduce-scatter of gradients");
+            started_++;
+        }
+    }
+    // Moves every transfer on; a completed reduce-scatter's all-gather starts
+    // (in start order). True while any is in flight.
+    bool move_on() {
+        bool any = false;
+        for (size_t i = 0; i < started_; i++) {
+            if (!comm_.test(flights_[i].reduce)) any = true;
+            if (gather_after_ && !gather_comm_->test(flights_[i].gather)) any = true;
+        }
+        start_gathers();
+        return any || gathered_ < started_;
+    }
+    // Starts what is left and waits for every bucket: the time spent here is exposed.
+    void finish() {
+        start_final(std::numeric_limits<int>::max());
+        for (size_t i = 0; i < started_; i++) {
+            comm_.wait(flights_[i].reduce);
+            start_gathers();
+        }
+        for (size_t i = 0; i < started_ && gather_after_; i++) gather_comm_->wait(flights_[i].gather);
+    }
+
+private:
+    struct Flight {
+        Transfer reduce, gather;
+    };
+    // the all-gathers of the completed reduce-scatters, in start order
+    void start_gathers() {
+        if (!gather_after_) return;
+        while (gathered_ < started_ && !flights_[gathered_].reduce.active) {
+            const size_t b = order_[gathered_];
+            flights_[gathered_].gather =
+                gather_comm_->start_all_gather_blocks(grads_ + layout_.buckets()[b].begin, layout_.counts(b),
+                                                      layout_.offsets(b), "DP all-gather of gradients");
+            gathered_++;
+        }
+    }
+    Comm& comm_;
+    Comm* gather_comm_;
+    const BucketLayout& layout_;
+    float* grads_;
+    bool gather_after_;
+    std::vector<size_t> order_;    // the buckets in the order they start: by final_at, then index
+    std::vector<Flight> flights_;  // [i]: the transfers of bucket order_[i]
+    size_t started_ = 0, gathered_ = 0;
+};
+
+}  // namespace tpsp
