@@ -218,7 +218,11 @@ public:
 
     // inputs, targets [b, s] on the host (the data's order); returns the mean
     // loss over the b·s tokens. training = false turns dropout off (validation, sampling).
-    float forward(const int* inputs, const int* targets, const DropoutStep& draw, bool training = true);
+    // Before each stage, parameters_needed(stage), where set: 0 the
+    // embeddings, l + 1 block l, L + 1 the final LayerNorm and LM head, for
+    // the data-parallel gathers of the parameters that stage reads (§8).
+    float forward(const int* inputs, const int* targets, const DropoutStep& draw, bool training = true,
+                  const std::function<void(int stage)>& parameters_needed = {});
     // Accumulates into grads the gradient of dloss_scale · Σ token losses.
     // Uses the inputs and activations of the last forward; overwrites logits.
     // After block l's backward, grads_final(L − l), where set: block l's

@@ -436,7 +436,8 @@ void GPTModel<Backend>::classifier_forward() {
 }
 
 template <class Backend>
-float GPTModel<Backend>::forward(const int* inputs, const int* targets, const DropoutStep& draw, bool training) {
+float GPTModel<Backend>::forward(const int* inputs, const int* targets, const DropoutStep& draw, bool training,
+                                 const std::function<void(int stage)>& parameters_needed) {
     const int B = shape.batch, T = shape.seq_len, C = config.channels, L = config.num_layers;
     const int N = T * B;
     const int Vp_local = config.padded_vocab_size / tp.size;
@@ -452,6 +453,7 @@ float GPTModel<Backend>::forward(const int* inputs, const int* targets, const Dr
     // vocabulary-parallel embedding: each rank looks up the tokens it holds,
     // ḡ sums them (into this rank's sequence shard); then positions and dropout
     Workspace<Act>& w = workspace;
+    if (parameters_needed) parameters_needed(0);
     {
         ComputeSpan span(group_->tracer, "embeddings");
         token_embedding_forward(w.partial, tokens.inputs, params.wte, tp.rank * Vp_local, Vp_local, B, T, C);
@@ -464,7 +466,11 @@ float GPTModel<Backend>::forward(const int* inputs, const int* targets, const Dr
                         token_box(local_seq(), B, T, C, seq_start(), draw.batch_offset), p,
                         {draw.seed, draw.step, 0, DropoutSite::embedding});
     }
-    for (int l = 0; l < L; l++) block_forward(l, l + 1 < L ? blocks[l + 1].ln1_in : outside.lnf_in, draw, p);
+    for (int l = 0; l < L; l++) {
+        if (parameters_needed) parameters_needed(l + 1);
+        block_forward(l, l + 1 < L ? blocks[l + 1].ln1_in : outside.lnf_in, draw, p);
+    }
+    if (parameters_needed) parameters_needed(L + 1);
     classifier_forward();
     return Backend::mean_loss(outside.losses, N);
 }

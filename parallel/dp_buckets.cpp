@@ -1,6 +1,7 @@
 #include "parallel/dp_buckets.h"
 
 #include <algorithm>
+#include <limits>
 #include <stdexcept>
 
 namespace tpsp {
@@ -10,14 +11,16 @@ BucketLayout::BucketLayout(const std::vector<BucketUnit>& units, int64_t bucket_
     int64_t end = 0;
     for (const BucketUnit& u : units) end += u.elements;
     // from the last unit back, closing a bucket once it holds bucket_size or its tensor begins
-    GradientBucket open{end, end, 0, 0};
+    const int never = std::numeric_limits<int>::max();
+    GradientBucket open{end, end, 0, 0, never};
     for (size_t i = units.size(); i-- > 0;) {
         open.begin -= units[i].elements;
         open.final_at = std::max(open.final_at, units[i].final_at);
+        open.needed_at = std::min(open.needed_at, units[i].needed_at);
         if (open.end - open.begin >= bucket_size || i == 0 || units[i - 1].tensor != units[i].tensor) {
             open.shard = (open.end - open.begin + dp - 1) / dp;
             buckets_.push_back(open);
-            open = {open.begin, open.begin, 0, 0};
+            open = {open.begin, open.begin, 0, 0, never};
         }
     }
     for (size_t b = 0; b < buckets_.size(); b++) {

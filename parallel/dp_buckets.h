@@ -26,19 +26,23 @@ struct FlatRange {
     int64_t begin = 0, count = 0;
 };
 
-// One unit of the buffer: its elements, the tensor it belongs to, and the
-// stage of backward after which its gradient is final (1 … L: block L − s's
-// backward done; L + 1: the end of backward).
+// One unit of the buffer: its elements, the tensor it belongs to, the stage
+// of backward after which its gradient is final (1 … L: block L − s's
+// backward done; L + 1: the end of backward), and the stage of forward that
+// first reads its parameters (0: the embeddings; 1 … L: block s − 1; L + 1:
+// the final LayerNorm).
 struct BucketUnit {
     int64_t elements = 0;
     int tensor = 0;
     int final_at = 0;
+    int needed_at = 0;
 };
 
 struct GradientBucket {
     int64_t begin = 0, end = 0;  // the flat buffer's [begin, end), whole units
     int64_t shard = 0;           // ⌈(end − begin) / dp⌉
     int final_at = 0;            // the latest final_at of its units
+    int needed_at = 0;           // the earliest needed_at of its units
 };
 
 class BucketLayout {

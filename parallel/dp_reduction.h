@@ -46,9 +46,9 @@ public:
     void start_final(int stage) {
         while (started_ < order_.size() && layout_.buckets()[order_[started_]].final_at <= stage) {
             const size_t b = order_[started_];
-            flights_[started_].reduce = comm_.start_reduce_scatter_blocks(
-                grads_ + layout_.buckets()[b].begin, layout_.counts(b), layout_.offsets(b),
-                "DP reduce-scatter of gradients");
+            flights_[started_].reduce = comm_.start_reduce_scatter_blocks(grads_ + layout_.buckets()[b].begin,
+                                                                          layout_.counts(b), layout_.offsets(b),
+                                                                          "DP reduce-scatter of gradients");
             started_++;
         }
     }
@@ -82,9 +82,9 @@ private:
         if (!gather_after_) return;
         while (gathered_ < started_ && !flights_[gathered_].reduce.active) {
             const size_t b = order_[gathered_];
-            flights_[gathered_].gather =
-                gather_comm_->start_all_gather_blocks(grads_ + layout_.buckets()[b].begin, layout_.counts(b),
-                                                      layout_.offsets(b), "DP all-gather of gradients");
+            flights_[gathered_].gather = gather_comm_->start_all_gather_blocks(grads_ + layout_.buckets()[b].begin,
+                                                                               layout_.counts(b), layout_.offsets(b),
+                                                                               "DP all-gather of gradients");
             gathered_++;
         }
     }
@@ -96,6 +96,62 @@ private:
     std::vector<size_t> order_;    // the buckets in the order they start: by final_at, then index
     std::vector<Flight> flights_;  // [i]: the transfers of bucket order_[i]
     size_t started_ = 0, gathered_ = 0;
+};
+
+// The distributed optimizer's updated pieces, all-gathered to every rank
+// after the update. With parallel.overlap_param_gather they start then, in
+// the order the next forward reads them (by needed_at, then bucket), and
+// that forward waits before each stage only for the buckets the stage reads
+// (wait_needed), the linears polling the others between their GEMM tiles;
+// anything else that reads the parameters (validation, sampling, a save)
+// waits for all first (finish). Without the switch, start() and finish()
+// follow each other.
+template <class Comm>
+class ParameterGather {
+public:
+    using Transfer = typename Comm::Transfer;
+    ParameterGather(Comm& comm, const BucketLayout& layout, float* params)
+        : comm_(comm), layout_(layout), params_(params) {
+        for (size_t b = 0; b < layout.buckets().size(); b++) order_.push_back(b);
+        std::stable_sort(order_.begin(), order_.end(), [&](size_t a, size_t b) {
+            return layout.buckets()[a].needed_at < layout.buckets()[b].needed_at;
+        });
+        gathers_.resize(order_.size());
+    }
+
+    void start() {
+        for (size_t i = 0; i < order_.size(); i++) {
+            const size_t b = order_[i];
+            gathers_[i] = comm_.start_all_gather_blocks(params_ + layout_.buckets()[b].begin, layout_.counts(b),
+                                                        layout_.offsets(b), "DP all-gather of parameters");
+        }
+        waited_ = 0;
+        pending_ = true;
+    }
+    // Waits for every bucket that forward stage `stage` reads.
+    void wait_needed(int stage) {
+        for (; waited_ < order_.size() && layout_.buckets()[order_[waited_]].needed_at <= stage; waited_++)
+            comm_.wait(gathers_[waited_]);
+        pending_ = waited_ < order_.size();
+    }
+    // Moves the gathers on; true while any is in flight.
+    bool move_on() {
+        bool any = false;
+        for (size_t i = waited_; i < order_.size(); i++)
+            if (!comm_.test(gathers_[i])) any = true;
+        return any;
+    }
+    void finish() { wait_needed(std::numeric_limits<int>::max()); }
+    bool pending() const { return pending_; }
+
+private:
+    Comm& comm_;
+    const BucketLayout& layout_;
+    float* params_;
+    std::vector<size_t> order_;      // the buckets in the order forward reads them
+    std::vector<Transfer> gathers_;  // [i]: bucket order_[i]'s
+    size_t waited_ = 0;              // gathers_[0, waited_) are complete
+    bool pending_ = false;
 };
 
 }  // namespace tpsp

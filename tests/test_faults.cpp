@@ -281,7 +281,8 @@ TEST(Faults, ADivergingRunStopsAtTheStepWithoutApplyingOrSavingIt) {
         "dp = 2, distributed optimizer, overlap_grad_reduce");  // each rank updates a piece: none may apply the step
     expect_a_diverging_run_stopped_unsaved(
         scratch_dir() / "dp", mpi_env + "mpirun --oversubscribe -np 2 ",
-        " parallel.distributed_optimizer=true parallel.overlap_grad_reduce=true " + fast);
+        " parallel.distributed_optimizer=true parallel.overlap_grad_reduce=true parallel.overlap_param_gather=true " +
+            fast);
 }
 
 void expect_a_diverging_run_stopped_unsaved(const fs::path& dir, const std::string& launcher, const std::string& grid) {
@@ -421,7 +422,8 @@ int stop_one_rank_with_sigterm(const fs::path& dir, const std::string& grid);
 
 TEST(Faults, SigtermToOneRankStopsAndSavesOnEveryRank) {
     if (!have_mpirun()) GTEST_SKIP() << "mpirun not installed, or tpsp built without MPI";
-    for (const std::string grid : {"", " parallel.tp=1 parallel.distributed_optimizer=true"}) {
+    for (const std::string grid :
+         {"", " parallel.tp=1 parallel.distributed_optimizer=true parallel.overlap_param_gather=true"}) {
         SCOPED_TRACE(grid.empty() ? "t = 2" : "dp = 2, distributed optimizer");
         fs::path dir = scratch_dir();
         const int saved = stop_one_rank_with_sigterm(dir, grid);
@@ -462,8 +464,9 @@ void expect_a_stopped_rank_named(const fs::path& dir, const std::string& grid, i
 
 TEST(Faults, AStoppedRankEndsTheJobAfterParallelTimeoutInsteadOfHangingIt) {
     if (!have_mpirun()) GTEST_SKIP() << "mpirun not installed, or tpsp built without MPI";
-    for (const std::string grid :
-         {"", " parallel.tp=1 parallel.distributed_optimizer=true parallel.overlap_grad_reduce=true"}) {
+    for (const std::string grid : {"",
+                                   " parallel.tp=1 parallel.distributed_optimizer=true "
+                                   "parallel.overlap_grad_reduce=true parallel.overlap_param_gather=true"}) {
         SCOPED_TRACE(grid.empty() ? "t = 2" : "dp = 2, distributed optimizer, overlap_grad_reduce");
         expect_a_stopped_rank_named(scratch_dir(), grid);
     }
@@ -1433,6 +1436,9 @@ TEST(Faults, EveryKeyAndOptionIsBoundedByTheValueItWillUse) {
     EXPECT_NE(r.out.find("L=7"), std::string::npos) << r.out;
     // the key whose bound it is, not another
     expect_refused(memory("model.max_seq_len=1048577"), "model.max_seq_len: at most 1048576");
+    // a switch that has nothing to act on
+    expect_refused(memory("parallel.overlap_param_gather=true"),
+                   "parallel.overlap_param_gather: needs parallel.distributed_optimizer: true");
     // prepare: a validation share it cannot honour, one input given twice (through a link)
     fs::path text = write_file(dir / "text.txt", std::string(20000, 'a'));
     fs::create_symlink(text, dir / "link.txt");

@@ -452,22 +452,25 @@ TEST(Sampling, TemperatureZeroIsArgmaxAndTopKStaysInTheTopK) {
 
 // Units of odd sizes, dp = 3: the buckets cover the buffer from its end, each
 // of whole units of one tensor and at least bucket_size but a tensor's first;
-// each is final at its latest unit's stage; each bucket's dp pieces cover it
+// each is final at its latest unit's stage and read from its earliest; each
+// bucket's dp pieces cover it
 // once, in rank order; the padding is what the ⌈L/dp⌉ shards add.
 TEST(DataParallel, BucketsCoverTheBufferFromItsEndAndTheirPiecesCoverEachBucketOnce) {
     // tensor 0 [0, 12) and 1 [12, 25) final at the end (stage 5); tensor 2 [25, 39) of 4 layers, final layer by layer
-    const std::vector<BucketUnit> units = {{7, 0, 5}, {5, 0, 5}, {13, 1, 5}, {1, 2, 4},
-                                           {9, 2, 3}, {2, 2, 2}, {2, 2, 1}};
+    // (forward reads tensors 0 and 1 first, stage 0, and tensor 2's layer l at stage l + 1)
+    const std::vector<BucketUnit> units = {{7, 0, 5, 0}, {5, 0, 5, 0}, {13, 1, 5, 0}, {1, 2, 4, 1},
+                                           {9, 2, 3, 2}, {2, 2, 2, 3}, {2, 2, 1, 4}};
     const BucketLayout layout(units, 10, 3);
     const std::vector<GradientBucket>& buckets = layout.buckets();
     ASSERT_EQ(buckets.size(), 4u);  // [26, 39) = 9 + 2 + 2, [25, 26) = 1 (its tensor's first), [12, 25), [0, 12)
     const std::vector<int64_t> begins = {26, 25, 12, 0};
-    const std::vector<int> final_at = {3, 4, 5, 5};
+    const std::vector<int> final_at = {3, 4, 5, 5}, needed_at = {2, 1, 0, 0};
     int64_t end = 39, padded = 0;
     for (size_t b = 0; b < buckets.size(); b++) {
         EXPECT_EQ(buckets[b].end, end);
         EXPECT_EQ(buckets[b].begin, begins[b]);
         EXPECT_EQ(buckets[b].final_at, final_at[b]) << "bucket " << b;
+        EXPECT_EQ(buckets[b].needed_at, needed_at[b]) << "bucket " << b;
         if (b != 1) {
             EXPECT_GE(buckets[b].end - buckets[b].begin, 10);
         }

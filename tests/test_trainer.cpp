@@ -767,14 +767,16 @@ TEST(DataParallelTraining, EveryDataParallelModeTrainsTheBitsOfPlainDataParallel
             DataParallelRun plain = dp_train(root / ("plain" + name), 4, grid + buckets);
             ASSERT_EQ(plain.losses.size(), 8u);
             ASSERT_FALSE(plain.model.empty());
-            const std::string overlap = " parallel.overlap_grad_reduce=true";
-            std::vector<std::pair<std::string, std::string>> modes = {
-                {"sharded", " parallel.distributed_optimizer=true"},
-                {"overlapped", overlap},
-                {"sharded_overlapped", " parallel.distributed_optimizer=true" + overlap}};
+            const std::string sharded = " parallel.distributed_optimizer=true",
+                              reduce = " parallel.overlap_grad_reduce=true",
+                              gather = " parallel.overlap_param_gather=true";
+            std::vector<std::pair<std::string, std::string>> modes = {{"sharded", sharded},
+                                                                      {"overlapped", reduce},
+                                                                      {"sharded_reduce", sharded + reduce},
+                                                                      {"sharded_gather", sharded + gather},
+                                                                      {"sharded_both", sharded + reduce + gather}};
             if (grid == "parallel.tp=2")
-                modes.push_back(
-                    {"every_overlap", " parallel.distributed_optimizer=true parallel.tp_comm_overlap=true " + overlap});
+                modes.push_back({"every_overlap", sharded + reduce + gather + " parallel.tp_comm_overlap=true"});
             for (const auto& [mode, flags] : modes) {
                 SCOPED_TRACE(mode);
                 DataParallelRun other = dp_train(root / (mode + name), 4, grid + buckets + flags);
@@ -809,6 +811,51 @@ TEST(DataParallelTraining, TheMetricsAndTheTraceShowTheDataParallelTransfers) {
     }
     EXPECT_EQ(reduce_scatters, 2 * 16);  // 2 traced steps × the tiny model's 16 buckets (one per tensor)
     EXPECT_EQ(all_gathers, 2 * 16);
+}
+
+// With parallel.overlap_param_gather the next forward waits before each
+// block only for the parameters it reads: in the trace, the all-gathers of
+// the buckets later stages read first end after step 2's first qkv forward
+// (block 0's) has begun, for nothing waits for them or moves them on before
+// its GEMM polls; without the switch every all-gather of step 1 ends before
+// step 2's embeddings begin.
+TEST(DataParallelTraining, TheNextForwardWaitsOnlyForItsBlocksParametersWithOverlapParamGather) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not installed";
+    for (const bool overlap : {true, false}) {
+        SCOPED_TRACE(overlap ? "overlap_param_gather" : "no overlap");
+        fs::path dir = scratch_dir() / (overlap ? "on" : "off");
+        dp_train(dir, 2,
+                 std::string("parallel.bucket_size=30000 logging.trace_steps=2 parallel.distributed_optimizer=true "
+                             "parallel.overlap_param_gather=") +
+                     (overlap ? "true" : "false") + " logging.trace=" + (dir / "trace.json").string());
+        const nlohmann::json trace = nlohmann::json::parse(read_text(dir / "trace.json"));
+        std::vector<double> embeddings, qkv, gathers_end;  // rank 0's
+        for (const nlohmann::json& e : trace["traceEvents"]) {
+            if (e["ph"] != "X" || e["pid"] != 0) continue;
+            const double begins = e["ts"].get<double>(), ends = begins + e["dur"].get<double>();
+            if (e["name"] == "embeddings") embeddings.push_back(begins);
+            if (e["name"] == "qkv") qkv.push_back(begins);
+            if (e["name"] == "DP all-gather of parameters") gathers_end.push_back(ends);
+        }
+        for (std::vector<double>* v : {&embeddings, &qkv, &gathers_end}) std::sort(v->begin(), v->end());
+        // 2 steps × 2 micro-batches: 4 forwards of 2 embedding spans and 4 blocks
+        ASSERT_EQ(embeddings.size(), 8u);
+        ASSERT_EQ(qkv.size(), 16u);
+        // step 1's gathers (26 buckets), and without the switch step 2's (with it, they end in step 3, untraced)
+        ASSERT_EQ(gathers_end.size(), overlap ? 26u : 52u);
+        gathers_end.resize(26);
+        const double step_2_begins = embeddings[4], step_2_block_0 = qkv[8];
+        const auto late = std::count_if(gathers_end.begin(), gathers_end.end(),
+                                        [&](double t) { return t > step_2_block_0; });
+        if (overlap) {
+            // read first by blocks 1-3 (qkvw, fcw, fcprojw of each; attprojw of blocks 2, 3) and the final
+            // LayerNorm (lnfw, lnfb): 12 buckets
+            EXPECT_EQ(late, 12) << "later stages' parameters were waited for before block 0 ran";
+        } else {
+            EXPECT_EQ(late, 0);
+            EXPECT_LE(gathers_end.back(), step_2_begins);
+        }
+    }
 }
 
 // With parallel.overlap_grad_reduce the buckets of the last blocks start

@@ -109,7 +109,9 @@ using AdamW = AdamWOptimizer<CpuBackend>;
 // the stage of backward at which each is final (parallel/dp_buckets.h):
 // layer l's slice of a TP-sharded tensor after block l's backward, stage
 // L − l; the embeddings and the replicated tensors (summed over the TP group
-// after backward) at its end, stage L + 1.
+// after backward) at its end, stage L + 1. And the stage of forward that
+// first reads it: the embeddings 0, layer l's slices l + 1, the final
+// LayerNorm L + 1 (the LM head reads wte, gathered before the embeddings).
 inline std::vector<BucketUnit> bucket_units(const std::vector<TensorSpec>& parameters) {
     std::vector<BucketUnit> units;
     int layers = 0;
@@ -120,8 +122,10 @@ inline std::vector<BucketUnit> bucket_units(const std::vector<TensorSpec>& param
         const bool layered = t.shape.size() > 1 && t.shape[0].symbol == "L";
         const bool per_block = layered && !parameter_is_replicated(t.name);
         const int64_t slices = layered ? t.shape[0].size : 1;
+        const int whole_needed_at = t.name == "lnfw" || t.name == "lnfb" ? layers + 1 : 0;
         for (int64_t l = 0; l < slices; l++)
-            units.push_back({t.elements() / slices, int(i), per_block ? layers - int(l) : layers + 1});
+            units.push_back({t.elements() / slices, int(i), per_block ? layers - int(l) : layers + 1,
+                             layered ? int(l) + 1 : whole_needed_at});
     }
     return units;
 }

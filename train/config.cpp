@@ -217,6 +217,10 @@ const std::vector<Key>& keys() {
         bool_key("parallel.overlap_grad_reduce", [](Config& c) -> bool& { return c.parallel.overlap_grad_reduce; },
                  "start each gradient bucket's data-parallel reduction as soon as backward has made it final, "
                  "hidden behind the rest of backward (CPU backend)"),
+        bool_key("parallel.overlap_param_gather",
+                 [](Config& c) -> bool& { return c.parallel.overlap_param_gather; },
+                 "start the updated parameters' all-gathers after the update and let the next forward wait, "
+                 "block by block, only for what it reads (needs parallel.distributed_optimizer; CPU backend)"),
         int_key("parallel.bucket_size", [](Config& c) -> int& { return c.parallel.bucket_size; }, 1,
                 "parameters per data-parallel gradient bucket (at least, within one tensor: layer slices from "
                 "the last layer back; a tensor's first bucket may hold fewer)"),
@@ -377,6 +381,10 @@ void validate(const Config& c, const std::string& where) {
         fail("parallel.distributed_optimizer", "is built on the CPU backend so far: it needs train.device: cpu");
     if (c.train.device == "cuda" && c.parallel.overlap_grad_reduce)
         fail("parallel.overlap_grad_reduce", "is built on the CPU backend so far: it needs train.device: cpu");
+    if (c.parallel.overlap_param_gather && !c.parallel.distributed_optimizer)
+        fail("parallel.overlap_param_gather",
+             "needs parallel.distributed_optimizer: true (without it every rank updates the whole model and "
+             "gathers nothing)");
     if (c.train.device != "cpu" && c.parallel.emulated_link_gbps > 0)
         fail("parallel.emulated_link.gbps", "the emulated link is a CPU measuring aid: it needs train.device: cpu");
 }

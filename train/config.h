@@ -67,6 +67,9 @@ struct Config {
         // Each bucket's reduction starts once backward has made it final and
         // moves on between the GEMM tiles of the rest of backward (§8).
         bool overlap_grad_reduce = false;
+        // The distributed optimizer's updated parameters are all-gathered
+        // behind the next forward, which waits block by block (§8).
+        bool overlap_param_gather = false;
         int bucket_size = 250000;
         // How long a rank waits for its peers in one transfer before it ends
         // the job (a peer that stopped would otherwise hang it forever).

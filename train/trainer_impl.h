@@ -256,9 +256,12 @@ void Trainer<Backend>::build() {
     norm_parts_.assign(2 * buckets_.buckets().size() * size_t(grid_.dp), 0.0);  // the step allocates nothing
     norm_sums_.assign(2 * buckets_.buckets().size(), 0.0);
     const bool distributed = cfg_.parallel.distributed_optimizer;
-    if constexpr (Backend::shards_optimizer_state)
+    if constexpr (Backend::shards_optimizer_state) {
         reduction_ = std::make_unique<GradientReduction<Comm>>(*dp_comm_, dp_gather_comm_.get(), buckets_,
                                                                model_->grads.wte, !distributed);
+        if (distributed)
+            parameter_gather_ = std::make_unique<ParameterGather<Comm>>(*dp_comm_, buckets_, model_->params.wte);
+    }
     if (distributed && !Backend::shards_optimizer_state)
         throw ConfigError(std::string("parallel.distributed_optimizer: not built on the ") + Backend::name +
                           " backend yet: it needs train.device: cpu");
@@ -461,6 +464,7 @@ int Trainer<Backend>::run() {
         if (!cfg_.checkpoint.dir.empty() && save_due && !trainer_detail::on_every_rank([&] { save(done); })) return 1;
         if (stopping) return stop_on_signal(done);
     }
+    parameters_ready();  // no request left pending at MPI_Finalize
     return trainer_detail::on_every_rank([&] { write_trace(); }) ? 0 : 1;
 }
 
@@ -480,6 +484,7 @@ int Trainer<Backend>::read_step_batches(int step) {
         },
         error);
     if (failed == grid_.world_size) return -1;
+    parameters_ready();
     train_loader_->seek(position);  // the saved position is that of the step not taken
     std::string saved;
     const bool worth_saving = !cfg_.checkpoint.dir.empty() && step > start_step_;
@@ -516,6 +521,7 @@ int Trainer<Backend>::stop_diverged(const StepMetrics& m) {
 // After SIGTERM or SIGINT: the step is done and saved (run), the trace written.
 template <class Backend>
 int Trainer<Backend>::stop_on_signal(int done) {
+    parameters_ready();
     if (!trainer_detail::on_every_rank([&] { write_trace(); })) return 1;
     if (grid_.world_rank == 0) {
         const std::string saved = cfg_.checkpoint.dir.empty()
@@ -545,7 +551,8 @@ StepMetrics Trainer<Backend>::train_step(int step) {
         const size_t at = size_t(micro) * shape_.batch * shape_.seq_len;  // read_step_batches put it there
         const DropoutStep draw{cfg_.train.seed, uint32_t(step),
                                (int64_t(micro) * grid_.dp + grid_.dp_rank) * shape_.batch};
-        loss += model.forward(inputs_.data() + at, targets_.data() + at, draw);
+        loss += micro == 0 ? forward_as_parameters_arrive(at, draw)
+                           : model.forward(inputs_.data() + at, targets_.data() + at, draw);
         if (micro + 1 == cfg_.train.grad_accum) backward_starting_buckets(dloss);
         else model.backward(dloss);
     }
@@ -623,15 +630,37 @@ void Trainer<Backend>::reduce_data_parallel_grads() {
 }
 
 // The distributed optimizer's rank updated its piece of each bucket: every
-// rank gathers the others'.
+// rank gathers the others'. With parallel.overlap_param_gather the gathers
+// go on behind the next forward (forward_as_parameters_arrive).
 template <class Backend>
 void Trainer<Backend>::gather_updated_parameters() {
     if constexpr (Backend::shards_optimizer_state) {
-        for (size_t b = 0; b < buckets_.buckets().size(); b++) {
-            dp_comm_->all_gather_blocks(model_->params.wte + buckets_.buckets()[b].begin, buckets_.counts(b),
-                                        buckets_.offsets(b), "DP all-gather of parameters");
+        parameter_gather_->start();
+        if (!cfg_.parallel.overlap_param_gather) parameter_gather_->finish();
+    }
+}
+
+// The step's first forward, waiting before each stage for the parameters it
+// reads where their gathers are still in flight, and moving the others on
+// between its GEMM tiles.
+template <class Backend>
+float Trainer<Backend>::forward_as_parameters_arrive(size_t at, const DropoutStep& draw) {
+    if constexpr (Backend::shards_optimizer_state) {
+        if (parameter_gather_ && parameter_gather_->pending()) {
+            background_transfers.move_on = [this] { return parameter_gather_->move_on(); };
+            const float loss = model_->forward(inputs_.data() + at, targets_.data() + at, draw, true,
+                                               [this](int stage) { parameter_gather_->wait_needed(stage); });
+            background_transfers = {};
+            return loss;
         }
     }
+    return model_->forward(inputs_.data() + at, targets_.data() + at, draw);
+}
+
+template <class Backend>
+void Trainer<Backend>::parameters_ready() {
+    if constexpr (Backend::shards_optimizer_state)
+        if (parameter_gather_ && parameter_gather_->pending()) parameter_gather_->finish();
 }
 
 // ‖g‖ over the whole model, computed one way in every mode: the square sums
@@ -664,6 +693,7 @@ float Trainer<Backend>::global_grad_norm() {
 
 template <class Backend>
 float Trainer<Backend>::validation_loss() {
+    parameters_ready();
     return trainer_detail::validation_loss(*model_, *val_loader_, grid_, cfg_.train.val_batches, inputs_.data(),
                                            targets_.data());
 }
@@ -693,6 +723,7 @@ void Trainer<Backend>::log(const StepMetrics& m, bool last) {
 
 template <class Backend>
 void Trainer<Backend>::sample(int done) {
+    parameters_ready();
     if (grid_.dp_rank != 0) return;
     gatherer_->gather(model_->params.wte);  // the whole model, into the sampler's weights on rank 0
     if (grid_.world_rank != 0) return;
@@ -705,6 +736,7 @@ void Trainer<Backend>::sample(int done) {
 
 template <class Backend>
 void Trainer<Backend>::save(int done) {
+    parameters_ready();
     save_run(cfg_.checkpoint.dir, *model_, *optimizer_, grid_, *gatherer_, done, data_position(), *dp_comm_);
     if (grid_.world_rank != 0) return;
     run_dir_.prune(cfg_.checkpoint.keep_last);
