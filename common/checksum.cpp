@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/errors.h"
+#include "common/files.h"
 
 namespace tpsp {
 
@@ -104,6 +105,7 @@ void verify_llmc_file(const std::string& path, const uint32_t* header, const voi
 }
 
 std::string llmc_file_identity(const std::string& path) {
+    check_regular_input(path, "file");  // a FIFO would block the open
     std::error_code error;
     const uintmax_t bytes = std::filesystem::file_size(path, error);
     uint32_t header[256];

@@ -63,12 +63,18 @@ static int lowest_answering(const std::vector<int>& silent) {
 // line, naming what it waited in and the ranks that did not answer. The
 // others print theirs only if the job is still running a while later.
 static void wait_or_give_up(MPI_Request* request, const char* what, MPI_Comm comm, int peer) {
-    const double start = now_seconds();
+    double start = now_seconds(), last = start;
     for (;;) {
         int done = 0;
         MPI_Test(request, &done, MPI_STATUS_IGNORE);
         if (done) return;
-        if (now_seconds() - start < peer_timeout_seconds) continue;
+        // a gap between two polls: this rank itself was stopped (SIGSTOP, and
+        // SIGCONT before mpirun ends the job): its deadline starts again, and
+        // it does not blame the peers it could not hear while it slept
+        const double now = now_seconds();
+        if (now - last > 1.0) start = now;
+        last = now;
+        if (now - start < peer_timeout_seconds) continue;
         int world_rank = 0, world_size = 1, rank = 0, size = 1;
         MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
         MPI_Comm_size(MPI_COMM_WORLD, &world_size);

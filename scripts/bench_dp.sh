@@ -2,7 +2,8 @@
 # The data-parallel benchmark: 2 ranks (dp = 2, t = 1), configs/dp_bench.yaml,
 # 8 steps each, the figures the mean of steps 3–8 over two rounds. Per mode
 # (plain DP, the distributed optimizer, each with and without
-# parallel.overlap_grad_reduce): the step without a link and on an emulated
+# parallel.overlap_grad_reduce, and the distributed optimizer with
+# parallel.overlap_param_gather too): the step without a link and on an emulated
 # link, the DP communication and how much of it was exposed. The rounds
 # alternate the modes and the link, so that a change in the machine's speed
 # touches them alike.
@@ -13,10 +14,8 @@
 # DP transfers' time; the link is set so that the two are about equal.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ -x build/tpsp ] || scripts/build.sh
-scripts/prepare_corpus.sh > /dev/null
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_pml=ob1 OMP_NUM_THREADS=1
 source scripts/bench_lib.sh
+ready_to_measure
 config=configs/dp_bench.yaml
 latency=${2:-5}
 out=runs/dp
@@ -45,7 +44,8 @@ link="parallel.emulated_link.gbps=$gbps parallel.emulated_link.latency_us=$laten
 modes=("plain DP|parallel.distributed_optimizer=false parallel.overlap_grad_reduce=false"
        "plain DP, overlap_grad_reduce|parallel.distributed_optimizer=false parallel.overlap_grad_reduce=true"
        "distributed optimizer|parallel.distributed_optimizer=true parallel.overlap_grad_reduce=false"
-       "distributed optimizer, overlap_grad_reduce|parallel.distributed_optimizer=true parallel.overlap_grad_reduce=true")
+       "distributed optimizer, overlap_grad_reduce|parallel.distributed_optimizer=true parallel.overlap_grad_reduce=true"
+       "distributed optimizer, both overlaps|parallel.distributed_optimizer=true parallel.overlap_grad_reduce=true parallel.overlap_param_gather=true")
 declare -A sum
 for round in 1 2; do
   for i in "${!modes[@]}"; do

@@ -2,6 +2,13 @@
 # bench_dp.sh): the mean of a metrics field, and the emulated link calibrated
 # to this machine.
 
+# the build, the corpus, and mpirun's settings (root, one thread a rank)
+ready_to_measure() {
+  [ -x build/tpsp ] || scripts/build.sh
+  scripts/prepare_corpus.sh > /dev/null
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_pml=ob1 OMP_NUM_THREADS=1
+}
+
 # mean of a metrics field over steps 3.. (the first two warm up)
 mean() { awk -v key="\"$2\":" '{ i = index($0, key); if (i && ++n > 2) { s += substr($0, i + length(key)) + 0; m++ } }
                                  END { printf "%.1f", m ? s / m : 0 }' "$1"; }

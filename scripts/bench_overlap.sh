@@ -13,10 +13,8 @@
 # transfers' time; the link is set so that the two are about equal.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ -x build/tpsp ] || scripts/build.sh
-scripts/prepare_corpus.sh > /dev/null
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_pml=ob1 OMP_NUM_THREADS=1
 source scripts/bench_lib.sh
+ready_to_measure
 latency=${2:-5}
 out=runs/overlap
 mkdir -p $out

@@ -395,20 +395,25 @@ void validate(const Config& c, const std::string& where) {
 // `...` before the config); its LoadAll hangs on some malformed inputs (found
 // by fuzzing), so the markers are found here, in the text. A config is one
 // document: directives (`%YAML 1.2`) and comments, at most one `---` before
-// its content, and after a `...` nothing but comments.
+// its content, and after a `...` nothing but comments; a directive after the
+// content begins a second document too.
 int second_document_line(const std::string& text) {
     auto has_content = [](const std::string& part) {
         const size_t first = part.find_first_not_of(" \t\r");
         return first != std::string::npos && part[first] != '#';
     };
-    bool begun = false, ended = false;  // the one document: begun by `---` or content, ended by `...`
-    std::istringstream lines(text);
+    bool begun = false, ended = false;                    // the one document: begun by `---` or content, ended by `...`
+    const bool bom = text.rfind("\xEF\xBB\xBF", 0) == 0;  // a UTF-8 byte order mark, which yaml-cpp skips
+    std::istringstream lines(bom ? text.substr(3) : text);
     int number = 0;
     for (std::string line; std::getline(lines, line);) {
         number++;
         const bool marker = (line.rfind("---", 0) == 0 || line.rfind("...", 0) == 0) &&
                             (line.size() == 3 || line[3] == ' ' || line[3] == '\t' || line[3] == '\r');
-        if (!begun && !ended && line.rfind('%', 0) == 0) continue;  // a directive, before the document
+        if (line.rfind('%', 0) == 0) {  // a directive: before the document, or it begins another
+            if (begun || ended) return number;
+            continue;
+        }
         if (marker && line[0] == '-') {
             if (begun || ended) return number;
             begun = true;

@@ -453,13 +453,17 @@ void init_mpi_within(int* argc, char*** argv, double seconds) {
     std::mutex mutex;
     std::condition_variable started;
     bool done = false;
+    // every waiting rank's guard would fire at once; 3 s more per rank (mpirun
+    // takes a second or two to end the others) lets the lowest one's line end
+    // the job alone
+    const double deadline = seconds + 3.0 * std::min(launched_rank(), 20);
     std::thread guard([&] {
         std::unique_lock<std::mutex> lock(mutex);
-        if (started.wait_for(lock, std::chrono::duration<double>(seconds), [&] { return done; })) return;
+        if (started.wait_for(lock, std::chrono::duration<double>(deadline), [&] { return done; })) return;
         std::fprintf(stderr,
                      "tpsp: rank %d: MPI_Init waited %.0f s for the other ranks to start (parallel.timeout_s, at "
                      "least 10 s): one has stopped or never started; ending the job\n",
-                     launched_rank(), seconds);
+                     launched_rank(), deadline);
         std::fflush(stderr);
         std::_Exit(1);
     });

@@ -52,6 +52,7 @@ struct DataPosition {
 // A state file's size and the CRC-32C it records after its last byte, in
 // one line, for ranks to compare (a FileError if it cannot be read).
 inline std::string state_file_identity(const std::string& path) {
+    check_regular_input(path, "state file");  // a FIFO would block the open
     std::error_code error;
     const uintmax_t bytes = std::filesystem::file_size(path, error);
     uint32_t crc = 0;

@@ -20,7 +20,10 @@ int evaluate(const Config& cfg) {
     set_peer_timeout(cfg.parallel.timeout_s);
     if (cfg.checkpoint.init.empty()) throw ConfigError("tpsp eval: checkpoint.init: give the checkpoint to evaluate");
     if (cfg.data.val.empty()) throw ConfigError("tpsp eval: data.val: give the validation shards");
-    if (cfg.parallel.tp != 1) throw ConfigError("tpsp eval: parallel.tp: evaluation runs on one rank");
+    if (cfg.parallel.tp != 1)
+        throw ConfigError(
+            "tpsp eval: parallel.tp: evaluation runs at t = 1 (its ranks split the validation batches: data "
+            "parallelism)");
     // evaluation runs on the CPU, whose explicit attention computes what cuDNN's does on the same weights
     GPTConfig gc = cfg.gpt();
     gc.attention = AttentionKernel::explicit_scores;
