@@ -132,9 +132,14 @@ MpiTransfer Communicator::begin(const char* name, double link_seconds, bool coun
     Transfer t;
     t.name = name;
     t.started = now_seconds();
-    t.ready_at = t.started + link_seconds;
+    t.ready_at = t.started;
+    if (link_seconds > 0.0) {  // after the transfers before it on the one link
+        t.ready_at = std::max(t.started, *link.busy_until) + link_seconds;
+        *link.busy_until = t.ready_at;
+    }
     t.counts = counts;
     t.active = true;
+    if (counts && in_flight_++ == 0) busy_since_ = t.started;
     return t;
 }
 
@@ -158,7 +163,7 @@ double Communicator::finish(Transfer& t) {
     const double end = now_seconds();
     t.active = false;
     if (!t.counts) return end;
-    time.total += end - t.started;
+    if (--in_flight_ == 0) time.total += end - busy_since_;
     if (tracer) tracer->record(t.name, track, t.started, end);
     return end;
 }

@@ -37,16 +37,23 @@ struct CollectiveBytes {
     int64_t all_gather = 0, reduce_scatter = 0, all_reduce = 0;
 };
 
+// total: the time during which at least one of the group's transfers was in
+// flight (transfers in flight together count once); exposed: the time the
+// host spent waiting for them.
 struct CommunicationTime {
     double total = 0.0, exposed = 0.0;  // seconds
 };
 
 // A measuring aid: a link of this bandwidth and latency. Every transfer is
 // held back until such a link would have delivered it (by sleeping, not
-// spinning). Collectives cost what a ring of t − 1 messages would.
+// spinning). Collectives cost what a ring of t − 1 messages would. The link
+// carries one transfer at a time, in the order they start: communicators
+// given copies of one link share it (busy_until), as the TP and DP groups of
+// a rank share its one network link.
 struct EmulatedLink {
     double gbps = 0.0;        // gigabits per second; 0 is off
     double latency_us = 0.0;  // per message
+    std::shared_ptr<double> busy_until = std::make_shared<double>(0.0);  // when the link is next free
     bool on() const { return gbps > 0.0; }
     double message_seconds(double bytes) const { return latency_us * 1e-6 + bytes * 8.0 / (gbps * 1e9); }
 };
@@ -163,6 +170,8 @@ private:
                              MPI_Request* request);
     void gather_blocks(float* data, const std::vector<int>& counts, const std::vector<int>& offsets, const char* name);
     double finish(Transfer& t);  // returns when it finished
+    int in_flight_ = 0;          // counted transfers started and not finished
+    double busy_since_ = 0.0;    // when the first of them started
     double ring_seconds(size_t shard_count) const;
     // reduce-scatter buffers, reused: one per transfer in flight
     struct Scratch {

@@ -460,7 +460,7 @@ int stop_one_rank_with_sigterm(const fs::path& dir, const std::string& grid) {
     return std::stoi(m[1]);
 }
 
-void expect_a_stopped_rank_named(const fs::path& dir, const std::string& grid, int ranks = 2);
+void expect_a_stopped_rank_named(const fs::path& dir, const std::string& grid, int ranks = 2, int stopped = 1);
 
 TEST(Faults, AStoppedRankEndsTheJobAfterParallelTimeoutInsteadOfHangingIt) {
     if (!have_mpirun()) GTEST_SKIP() << "mpirun not installed, or tpsp built without MPI";
@@ -472,16 +472,20 @@ TEST(Faults, AStoppedRankEndsTheJobAfterParallelTimeoutInsteadOfHangingIt) {
     }
     // three survivors, each timing out in another wait: still one line
     SCOPED_TRACE("4 ranks: t = 2, dp = 2");
-    expect_a_stopped_rank_named(scratch_dir(), "", 4);
+    expect_a_stopped_rank_named(scratch_dir() / "four", "", 4, 3);
+    // rank 0 stopped: rank 1 names it, and rank 0, woken by mpirun's SIGCONT as it ends the job, blames no one
+    SCOPED_TRACE("rank 0 stopped");
+    expect_a_stopped_rank_named(scratch_dir() / "first", "", 2, 0);
 }
 
-// The last rank of a running job stopped (SIGSTOP) after step 2: the job ends
-// after parallel.timeout_s = 3 s, with one line, from the lowest rank that
-// waited, naming the stopped one.
-void expect_a_stopped_rank_named(const fs::path& dir, const std::string& grid, int ranks) {
+// Rank `stopped` of a running job stopped (SIGSTOP) after step 2: the job
+// ends after parallel.timeout_s = 3 s, with one line, from the lowest rank
+// that waited, naming the stopped one.
+void expect_a_stopped_rank_named(const fs::path& dir, const std::string& grid, int ranks, int stopped) {
+    fs::create_directories(dir);
     Background job(two_ranks_training(dir, "parallel.timeout_s=3" + grid, ranks), dir);
     ASSERT_TRUE(job.wait_for_output("step     2/", 60)) << job.err();
-    const int stopped = ranks - 1, pid = pid_of_rank(dir, stopped);
+    const int pid = pid_of_rank(dir, stopped);
     kill(pid, SIGSTOP);  // alive, holding its sockets, making no progress
     const int status = job.wait(60);
     kill(pid, SIGKILL);  // in case the job did not end it
@@ -489,7 +493,7 @@ void expect_a_stopped_rank_named(const fs::path& dir, const std::string& grid, i
     EXPECT_NE(status, -1) << "the job hung past 60 s";
     const std::string err = job.err(), stopped_rank = std::to_string(stopped);
     ASSERT_EQ(count_lines(tpsp_lines(err)), 1) << err;
-    EXPECT_NE(err.find("tpsp: rank 0: the "), std::string::npos) << err;
+    EXPECT_NE(err.find(stopped == 0 ? "tpsp: rank 1: the " : "tpsp: rank 0: the "), std::string::npos) << err;
     // the rank that waited names the one that stopped: a transfer's peer, and
     // the rank that did not answer the roll call of the job
     const std::regex names_the_stopped_rank(
@@ -520,6 +524,17 @@ TEST(Faults, ARankThatNeverStartsEndsTheJobFromMpiInit) {
     expect_one_line(r,
                     "tpsp: rank 0: MPI_Init waited 10 s for the other ranks to start (parallel.timeout_s, at "
                     "least 10 s): one has stopped or never started; ending the job");
+    // 3 ranks, rank 0 the one that never starts: rank r waits 3r s more, so rank 1's line ends the job alone
+    const fs::path first = write_file(dir / "first.sh",
+                                      "#!/bin/sh\n[ \"$OMPI_COMM_WORLD_RANK\" = 0 ] && exec sleep 120\n"
+                                      "exec " +
+                                          tpsp_binary + " train " + tiny + " " + fast +
+                                          "train.steps=2 parallel.timeout_s=2 data.train='" + corpus +
+                                          "/train_*.bin' checkpoint.dir= logging.metrics=\n");
+    fs::permissions(first, fs::perms::owner_all);
+    r = run(mpi_env + bounded + "mpirun --oversubscribe -np 3 " + first.string(), dir);
+    EXPECT_EQ(r.exit_code, 1) << r.err;
+    expect_one_line(r, "tpsp: rank 1: MPI_Init waited 13 s for the other ranks to start");
 }
 
 // The gathers after the last step (a save's, the trace file's) wait under the
@@ -1348,6 +1363,24 @@ TEST(Faults, AFifoDirectoryOrDeviceGivenAsAnInputIsOneLineAtOnce) {
         EXPECT_EQ(r.exit_code, 1);
         expect_one_line(r, says);
     }
+    // a FIFO as the resumed step's state or model file: the ranks' comparison of their inputs opened it (it hung)
+    fs::path saved = dir / "saved_run";
+    ASSERT_EQ(run(tiny_train(saved, fast + "train.steps=1 checkpoint.dir=" + saved.string()), dir).exit_code, 0);
+    for (const char* stem : {"state", "model"}) {
+        SCOPED_TRACE(stem);
+        const fs::path file = saved / (std::string(stem) + "_00000001.bin");
+        fs::rename(file, saved / "kept.bin");
+        ASSERT_EQ(mkfifo(file.c_str(), 0644), 0);
+        Outcome r = run(bounded + tiny_train(dir, fast + "train.steps=2 checkpoint.dir=" + saved.string() +
+                                                      " checkpoint.resume=" + saved.string()),
+                        dir);
+        expect_ended_in_time(r);
+        EXPECT_EQ(r.exit_code, 1);
+        expect_one_line(r, file.string() + ": the " + (stem[0] == 's' ? "state file" : "checkpoint") +
+                               " is a FIFO, not a regular file");
+        fs::remove(file);
+        fs::rename(saved / "kept.bin", file);
+    }
 }
 
 // Sizes from a file or a config are bounded before anything is allocated for them.
@@ -1429,6 +1462,14 @@ TEST(Faults, EveryKeyAndOptionIsBoundedByTheValueItWillUse) {
     expect_refused(tpsp_binary + " memory " + empty_first.string(), "empty_first.yaml:2: a second YAML document");
     fs::path end_first = write_file(dir / "end_first.yaml", "# notes\n...\ntrain:\n  steps: 3\n");
     expect_refused(tpsp_binary + " memory " + end_first.string(), "end_first.yaml:3: a second YAML document");
+    // a directive after the content: yaml-cpp began a second document there, and dropped it
+    fs::path late_directive = write_file(dir / "late.yaml", "model:\n  layers: 1\n%YAML 1.2\ntrain:\n  lr: 0.5\n");
+    expect_refused(tpsp_binary + " memory " + late_directive.string(), "late.yaml:3: a second YAML document");
+    // a byte order mark and a comment before `---`: one document
+    fs::path bom = write_file(dir / "bom.yaml", "\xEF\xBB\xBF# notes\n---\nmodel:\n  layers: 6\n");
+    r = run(tpsp_binary + " memory " + bom.string(), dir);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find("L=6"), std::string::npos) << r.out;
     // a directive, one `---`, a `...` and a comment after it: one document, read whole
     fs::path directive = write_file(dir / "directive.yaml", "%YAML 1.2\n---\nmodel:\n  layers: 7\n...\n# the end\n");
     r = run(tpsp_binary + " memory " + directive.string(), dir);
