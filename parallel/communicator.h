@@ -51,8 +51,8 @@ struct CommunicationTime {
 // given copies of one link share it (busy_until), as the TP and DP groups of
 // a rank share its one network link.
 struct EmulatedLink {
-    double gbps = 0.0;        // gigabits per second; 0 is off
-    double latency_us = 0.0;  // per message
+    double gbps = 0.0;                                                   // gigabits per second; 0 is off
+    double latency_us = 0.0;                                             // per message
     std::shared_ptr<double> busy_until = std::make_shared<double>(0.0);  // when the link is next free
     bool on() const { return gbps > 0.0; }
     double message_seconds(double bytes) const { return latency_us * 1e-6 + bytes * 8.0 / (gbps * 1e9); }
