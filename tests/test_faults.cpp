@@ -509,15 +509,19 @@ void expect_a_stopped_rank_named(const fs::path& dir, const std::string& grid, i
 TEST(Faults, ARankThatNeverStartsEndsTheJobFromMpiInit) {
     if (!have_mpirun()) GTEST_SKIP() << "mpirun not installed, or tpsp built without MPI";
     fs::path dir = scratch_dir();
-    const fs::path wrapper = write_file(dir / "never.sh",
-                                        "#!/bin/sh\n[ \"$OMPI_COMM_WORLD_RANK\" = 1 ] && exec sleep 120\n"
-                                        "exec " +
-                                            tpsp_binary + " train " + tiny + " " + fast +
-                                            "train.steps=2 parallel.timeout_s=2 data.train='" + corpus +
-                                            "/train_*.bin' checkpoint.dir= logging.metrics=\n");
-    fs::permissions(wrapper, fs::perms::owner_all);
+    // `ranks` ranks under mpirun, rank `missing` running sleep instead of tpsp
+    auto run_without = [&](int missing, int ranks) {
+        const fs::path wrapper = write_file(
+            dir / "never.sh", "#!/bin/sh\n[ \"$OMPI_COMM_WORLD_RANK\" = " + std::to_string(missing) +
+                                  " ] && exec sleep 120\nexec " + tpsp_binary + " train " + tiny + " " + fast +
+                                  "train.steps=2 parallel.timeout_s=2 data.train='" + corpus +
+                                  "/train_*.bin' checkpoint.dir= logging.metrics=\n");
+        fs::permissions(wrapper, fs::perms::owner_all);
+        return run(mpi_env + bounded + "mpirun --oversubscribe -np " + std::to_string(ranks) + " " + wrapper.string(),
+                   dir);
+    };
     const auto start = std::chrono::steady_clock::now();
-    Outcome r = run(mpi_env + bounded + "mpirun --oversubscribe -np 2 " + wrapper.string(), dir);
+    Outcome r = run_without(1, 2);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     EXPECT_EQ(r.exit_code, 1) << r.err;
     EXPECT_LT(seconds, 40.0) << "the job waited for the rank that never started";
@@ -525,14 +529,7 @@ TEST(Faults, ARankThatNeverStartsEndsTheJobFromMpiInit) {
                     "tpsp: rank 0: MPI_Init waited 10 s for the other ranks to start (parallel.timeout_s, at "
                     "least 10 s): one has stopped or never started; ending the job");
     // 3 ranks, rank 0 the one that never starts: rank r waits 3r s more, so rank 1's line ends the job alone
-    const fs::path first = write_file(dir / "first.sh",
-                                      "#!/bin/sh\n[ \"$OMPI_COMM_WORLD_RANK\" = 0 ] && exec sleep 120\n"
-                                      "exec " +
-                                          tpsp_binary + " train " + tiny + " " + fast +
-                                          "train.steps=2 parallel.timeout_s=2 data.train='" + corpus +
-                                          "/train_*.bin' checkpoint.dir= logging.metrics=\n");
-    fs::permissions(first, fs::perms::owner_all);
-    r = run(mpi_env + bounded + "mpirun --oversubscribe -np 3 " + first.string(), dir);
+    r = run_without(0, 3);
     EXPECT_EQ(r.exit_code, 1) << r.err;
     expect_one_line(r, "tpsp: rank 1: MPI_Init waited 13 s for the other ranks to start");
 }
