@@ -312,20 +312,10 @@ void Communicator::blocking(const char* name, double link_seconds, const Work& w
     time.exposed += end - t.started;  // blocking: all of it
 }
 
-void Communicator::reduce_scatter_blocks(float* data, const std::vector<int>& counts, const std::vector<int>& offsets,
-                                         const char* name) {
-    if (size_ == 1) return;
-    const int64_t count = total_of(counts);
-    bytes.reduce_scatter += count * 4;
-    blocking(name, ring_seconds(size_t(count) / size_), [&] { sum_blocks(data, counts, offsets, name); });
-}
-
 void Communicator::all_gather_blocks(float* data, const std::vector<int>& counts, const std::vector<int>& offsets,
                                      const char* name) {
-    if (size_ == 1) return;
-    const int64_t count = total_of(counts);
-    bytes.all_gather += count * 4;
-    blocking(name, ring_seconds(size_t(count) / size_), [&] { gather_blocks(data, counts, offsets, name); });
+    Transfer t = start_all_gather_blocks(data, counts, offsets, name);
+    wait(t);
 }
 
 MpiTransfer Communicator::start_reduce_scatter_blocks(float* data, const std::vector<int>& counts,

@@ -116,12 +116,8 @@ public:
     // doubles, for norms and losses (neither counted nor emulated)
     void all_reduce_sum(double* data, size_t count);
     // In place, on blocks of uneven size: rank q's block of data is
-    // [offsets[q], offsets[q] + counts[q]). An all-reduce is the two in turn.
-    // data's block of this rank = Σ_ranks their data's block of this rank;
-    // the other blocks are left as they were
-    void reduce_scatter_blocks(float* data, const std::vector<int>& counts, const std::vector<int>& offsets,
-                               const char* name);
-    // data's block q = rank q's data's block q, for every q
+    // [offsets[q], offsets[q] + counts[q]). data's block q = rank q's data's
+    // block q, for every q (start_reduce_scatter_blocks below sums them)
     void all_gather_blocks(float* data, const std::vector<int>& counts, const std::vector<int>& offsets,
                            const char* name);
     // receive [size · count] on root = every rank's send [count] (checkpoints; not counted)
@@ -137,8 +133,11 @@ public:
                         Transfer* sent, Transfer* received);
     Transfer start_all_gather(const float* shard, float* full, size_t count, const char* name);
     Transfer start_reduce_scatter(const float* full, float* shard, size_t count, const char* name);
-    // reduce_scatter_blocks and all_gather_blocks, started: counts and
-    // offsets must outlive the transfer (a BucketLayout's do)
+    // On blocks as all_gather_blocks: data's block of this rank = Σ_ranks
+    // their data's block of this rank, in rank order (an all-reduce is this
+    // and then the all-gather); the other blocks are left as they were. And
+    // the all-gather, started. counts and offsets must outlive the transfer
+    // (a BucketLayout's do).
     Transfer start_reduce_scatter_blocks(float* data, const std::vector<int>& counts, const std::vector<int>& offsets,
                                          const char* name);
     Transfer start_all_gather_blocks(float* data, const std::vector<int>& counts, const std::vector<int>& offsets,
