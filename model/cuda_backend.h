@@ -16,6 +16,7 @@
 #include "model/kernels/cudnn_attention.h"
 #endif
 #include "model/tensor_table.h"
+#include "parallel/cuda_thread_group.h"
 #include "parallel/nccl_communicator.h"
 
 namespace tpsp {
@@ -70,6 +71,15 @@ struct CudaBackend {
 
 static_assert(ModelBackend<CudaBackend>);
 
+// The CUDA backend with a tensor-parallel group of threads on one GPU
+// (parallel/cuda_thread_group.h): t ranks in one process, each thread with its
+// own GpuRuntime; how one GPU proves TP+SP against t = 1.
+struct CudaThreadGroupBackend : CudaBackend {
+    using Comm = CudaThreadCommunicator;
+};
+static_assert(ModelBackend<CudaThreadGroupBackend>);
+
 extern template class GPTModel<CudaBackend>;
+extern template class GPTModel<CudaThreadGroupBackend>;
 
 }  // namespace tpsp

@@ -77,9 +77,10 @@ __global__ void square_sums_kernel(double* sums, const float* x, const SquareSum
 void CudaBackend::square_sums(const float* x, const std::vector<SquareSumRange>& ranges, double sums[2]) {
     sums[0] = sums[1] = 0.0;
     if (ranges.empty()) return;
-    // device scratch: the two sums, then the range table; grows, never shrinks
-    static void* scratch = nullptr;
-    static size_t scratch_bytes = 0;
+    // device scratch: the two sums, then the range table; grows, never shrinks;
+    // one per thread, as the stream it is used on
+    thread_local void* scratch = nullptr;
+    thread_local size_t scratch_bytes = 0;
     const size_t needed = 2 * sizeof(double) + ranges.size() * sizeof(SquareSumRange);
     if (needed > scratch_bytes) {
         device_release(scratch);
@@ -102,7 +103,8 @@ Dim CudaBackend::attention_scratch(int64_t b, int64_t s, int64_t h, int64_t a, i
 }
 
 float CudaBackend::mean_loss(const float* losses, int N) {
-    static std::vector<float> host;  // grows once; the step loop allocates nothing after the first step
+    // grows once; the step loop allocates nothing after the first step; one per rank thread
+    thread_local std::vector<float> host;
     if (host.size() < size_t(N)) host.resize(size_t(N));
     download(host.data(), losses, sizeof(float) * N);
     double sum = 0.0;
@@ -167,5 +169,6 @@ double CudaBackend::peak_flops() {
 }
 
 template class GPTModel<CudaBackend>;
+template class GPTModel<CudaThreadGroupBackend>;
 
 }  // namespace tpsp

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "common/loaded_library.h"
+#include "parallel/device_buffer_work.h"
 
 namespace tpsp {
 
@@ -38,9 +39,9 @@ std::string NcclCommunicator::library_version() {
            text(NCCL_VERSION_CODE);
 }
 
-NcclCommunicator::NcclCommunicator(MPI_Comm comm, cudaStream_t compute_stream)
+NcclCommunicator::NcclCommunicator(MPI_Comm comm, cudaStream_t compute_stream, bool nccl_even_alone)
     : host_(comm), compute_stream_(compute_stream) {
-    if (size() == 1) return;
+    if (size() == 1 && !nccl_even_alone) return;
     MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_);
     ncclUniqueId id;
     if (rank() == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
@@ -133,7 +134,7 @@ void NcclCommunicator::start_exchange(const bf16* send, bf16* receive, size_t co
 }
 
 NcclTransfer NcclCommunicator::start_all_gather(const bf16* shard, bf16* full, size_t count, const char* name) {
-    if (size() == 1) {
+    if (!nccl_) {  // a group of one
         if (full != shard) copy(full, shard, count);
         return {};
     }
@@ -144,7 +145,7 @@ NcclTransfer NcclCommunicator::start_all_gather(const bf16* shard, bf16* full, s
 }
 
 NcclTransfer NcclCommunicator::start_reduce_scatter(const bf16* full, bf16* shard, size_t count, const char* name) {
-    if (size() == 1) {
+    if (!nccl_) {  // a group of one
         if (full != shard) copy(shard, full, count);
         return {};
     }
@@ -165,7 +166,7 @@ void NcclCommunicator::reduce_scatter(const bf16* full, bf16* shard, size_t coun
 }
 
 void NcclCommunicator::all_reduce(void* data, size_t count, ncclDataType_t type, ncclRedOp_t op, size_t element_bytes) {
-    if (size() == 1) return;
+    if (!nccl_) return;  // a group of one
     bytes.all_reduce += int64_t(count * element_bytes);
     after_compute();
     check_nccl(ncclAllReduce(data, data, count, type, op, nccl_, comm_stream_), "ncclAllReduce");
@@ -183,29 +184,19 @@ void NcclCommunicator::all_reduce_max(float* data, size_t count) {
     all_reduce(data, count, ncclFloat32, ncclMax, sizeof(float));
 }
 
-// ----------------------------------------------------------------------------
-// buffer work on the compute stream
-
-__global__ void add_kernel(bf16* acc, const bf16* x, size_t count) {
-    size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (i < count) acc[i] = __float2bfloat16(__bfloat162float(acc[i]) + __bfloat162float(x[i]));
-}
+// buffer work on the compute stream (device_buffer_work.h)
 
 void NcclCommunicator::copy(bf16* dst, const bf16* src, size_t count) {
-    check_cuda(cudaMemcpyAsync(dst, src, count * sizeof(bf16), cudaMemcpyDeviceToDevice, compute_stream_), "copy");
+    gpu::copy_on_stream(compute_stream_, dst, src, count);
 }
 
 void NcclCommunicator::add(bf16* acc, const bf16* x, size_t count) {
-    constexpr unsigned threads = 256;
-    add_kernel<<<unsigned((count + threads - 1) / threads), threads, 0, compute_stream_>>>(acc, x, count);
-    check_cuda(cudaGetLastError(), "add");
+    gpu::add_on_stream(compute_stream_, acc, x, count);
 }
 
 void NcclCommunicator::copy_rows(bf16* dst, size_t dst_stride, const bf16* src, size_t src_stride, size_t rows,
                                  size_t width) {
-    check_cuda(cudaMemcpy2DAsync(dst, dst_stride * sizeof(bf16), src, src_stride * sizeof(bf16), width * sizeof(bf16),
-                                 rows, cudaMemcpyDeviceToDevice, compute_stream_),
-               "copy_rows");
+    gpu::copy_rows_on_stream(compute_stream_, dst, dst_stride, src, src_stride, rows, width);
 }
 
 }  // namespace tpsp

@@ -51,7 +51,10 @@ public:
     NcclCommunicator() = default;  // a group of one
     // Collective over comm: every rank of it makes the NCCL communicator
     // together. compute_stream: where the kernels run (the model's stream).
-    NcclCommunicator(MPI_Comm comm, cudaStream_t compute_stream);
+    // A group of one makes none and copies on the compute stream, unless
+    // nccl_even_alone: then it goes through NCCL and the watchdog as a larger
+    // group does (the GPU tests: one GPU holds only a group of one).
+    NcclCommunicator(MPI_Comm comm, cudaStream_t compute_stream, bool nccl_even_alone = false);
     NcclCommunicator(const NcclCommunicator&) = delete;
     NcclCommunicator& operator=(const NcclCommunicator&) = delete;
     ~NcclCommunicator();

@@ -183,11 +183,10 @@ export linked_nccl linked_cudnn
 export -f versions
 run_step "versions (what loaded, from the binary)" 30 versions
 # step 4, defined here: the rehearsal shows that without a GPU it fails (every test skips)
-gpu_tests() {
+gpu_tests_matching() {  # gpu_tests_matching REGEX
   local result
   result=$(mktemp)
-  ctest --test-dir build-gpu -R 'CudaKernels|CudaModel' --no-tests=error --output-on-failure --timeout 60 \
-    -j1 | tee "$result"
+  ctest --test-dir build-gpu -R "$1" --no-tests=error --output-on-failure --timeout 60 -j1 | tee "$result"
   local status=${PIPESTATUS[0]}
   if grep -q '(Skipped)\|Not Run' "$result"; then
     echo "gpu_check: GPU tests skipped: they saw no GPU"
@@ -196,7 +195,8 @@ gpu_tests() {
   rm -f "$result"
   return "$status"
 }
-export -f gpu_tests
+gpu_tests() { gpu_tests_matching 'CudaKernels|CudaModel|CudaNccl'; }
+export -f gpu_tests_matching gpu_tests
 expect_failure() { ! "$@"; }
 export -f expect_failure
 # the training of step 5, and for the rehearsal the same on the CPU (the script, the data, the curve check)
@@ -211,8 +211,51 @@ train_tiny() {  # train_tiny DEVICE METRICS [overrides...]
 }
 export reference
 export -f train_tiny
+# step 5b: 40 steps of tiny on DEVICE saving at 20 and 40, sampling at 40; the save at 20 resumed on DEVICE
+# and on the CPU against the run never interrupted (the next loss and the mean of steps 21-40: 1e-3 on the
+# device itself, where only the order of atomic additions differs; 2e-2 on the CPU, fp32 against bf16 as
+# in the curve check); the sample drawn in training from the weights on DEVICE against `tpsp sample` on the
+# CPU from the model file of step 40, same seed: the same 64 bytes
+resume_check() {  # resume_check DEVICE
+  local device=$1 d=/tmp/tpsp_resume
+  local tiny="configs/tiny.yaml train.steps=40 train.val_every=0 logging.every=10 train.seed=1337"
+  rm -rf "$d" && mkdir -p "$d" || return 1
+  build-gpu/tpsp train $tiny train.device="$device" checkpoint.dir="$d/whole" checkpoint.every=20 \
+    logging.metrics="$d/whole.jsonl" logging.sample_every=40 logging.sample_tokens=64 > "$d/whole.out" ||
+    { cat "$d/whole.out"; return 1; }
+  tail -3 "$d/whole.out"
+  local resumed_on
+  for resumed_on in "$device" cpu; do
+    rm -rf "$d/$resumed_on" && cp -r "$d/whole" "$d/$resumed_on" && echo 20 > "$d/$resumed_on/latest" || return 1
+    build-gpu/tpsp train $tiny train.device="$resumed_on" checkpoint.dir="$d/$resumed_on" \
+      checkpoint.resume="$d/$resumed_on" logging.metrics="$d/$resumed_on.jsonl" > "$d/$resumed_on.out" ||
+      { cat "$d/$resumed_on.out"; return 1; }
+    tail -1 "$d/$resumed_on.out"
+  done
+  local same=1e-3
+  [ "$device" = cpu ] && same=0
+  echo "resumed on $device:" && python3 scripts/loss_curve.py resumed "$d/whole.jsonl" "$d/$device.jsonl" \
+    --from 20 --tolerance $same || return 1
+  echo "resumed on the CPU:" && python3 scripts/loss_curve.py resumed "$d/whole.jsonl" "$d/cpu.jsonl" \
+    --from 20 --tolerance 2e-2 || return 1
+  build-gpu/tpsp sample "$d/whole/model_00000040.bin" --tokens 64 --temperature 1 --seed $((1337 + 40)) \
+    > "$d/sample.out" || return 1
+  python3 - "$d/whole.out" "$d/sample.out" << 'PYTHON'
+import sys
+trained = open(sys.argv[1], "rb").read()
+at = trained.rfind(b"sample at step 40: ")
+in_training = trained[at + len(b"sample at step 40: "):][:64] if at >= 0 else b""
+from_file = open(sys.argv[2], "rb").read()[:64]
+print("in training:", repr(in_training))
+print("from file:  ", repr(from_file))
+if len(in_training) < 64 or in_training != from_file:
+    sys.exit("gpu_check: the sample drawn in training is not the one tpsp sample draws from the saved model")
+PYTHON
+}
+export -f resume_check
 if [ "$rehearse" -eq 1 ]; then
   run_step "tiny, 200 steps on the CPU vs CPU curve" 120 train_tiny cpu /tmp/tpsp_tiny_cpu.jsonl
+  run_step "save, resume and sample on the CPU" 60 resume_check cpu
   run_step "GPU tests fail where they see no GPU" 120 expect_failure gpu_tests
   say "gpu_check --rehearse: the steps that need a GPU are left out"
   summary
@@ -220,11 +263,17 @@ fi
 
 # --- 4. GPU tests ---------------------------------------------------------------------------------------
 run_step "GPU tests (ctest, one process each)" 150 gpu_tests
+# TP+SP on the GPU: the one-GPU stand-in (t rank threads) at t = 2 and 4, SP and TP-only, every overlap
+# switch and both reduce-scatter methods, against t = 1 (tests/test_cuda_tensor_parallel.cpp)
+tp_sweep() { gpu_tests_matching CudaTensorParallel; }
+export -f tp_sweep
+run_step "TP+SP on one GPU (stand-in, t = 2, 4)" 90 tp_sweep
 
 # --- 5. training against the CPU's loss curve -----------------------------------------------------------
 run_step "tiny, 200 steps, explicit attention vs CPU curve" 90 train_tiny cuda /tmp/tpsp_tiny_explicit.jsonl
 run_step "tiny, 200 steps, cuDNN attention vs CPU curve" 90 train_tiny cuda /tmp/tpsp_tiny_cudnn.jsonl \
   model.attention=cudnn
+run_step "save on the GPU, resume on the GPU and the CPU, sample" 60 resume_check cuda
 
 # --- 6. tpsp's benchmarks at GPT-2 124M ---------------------------------------------------------------------
 gpt2="configs/gpt2_124m.yaml train.device=cuda train.batch_size=16 train.seq_len=1024"  # words, no spaces

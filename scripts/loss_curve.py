@@ -3,6 +3,7 @@
 
     python3 scripts/loss_curve.py make METRICS.jsonl OUT.json --how "the command that made it"
     python3 scripts/loss_curve.py compare REFERENCE.json METRICS.jsonl [--tolerance 0.02]
+    python3 scripts/loss_curve.py resumed WHOLE.jsonl RESUMED.jsonl --from STEP [--tolerance T]
 
 `make` keeps the per-step training losses and the validation losses of a
 metrics file (logging.metrics) with the command that produced them.
@@ -12,6 +13,9 @@ and every validation loss must agree within `tolerance`, relative. Windows,
 not single steps: two runs on the same batches see the same data, but bf16
 rounding moves single steps more than their means. Prints one line per
 window and exits 1 if any is out of tolerance or the run stopped early.
+`resumed` checks a run resumed from the save at step STEP against the run
+that was never interrupted: its first step (the same weights and batch: the
+"next loss") and the mean of all its steps must agree within `tolerance`.
 """
 import argparse
 import json
@@ -79,6 +83,29 @@ def compare(args):
     return 1 if bad else 0
 
 
+def resumed(args):
+    whole, _ = read_metrics(args.whole)
+    run, _ = read_metrics(args.resumed)
+    steps = sorted(run)
+    if not steps or steps[0] != args.start + 1 or any(s not in whole for s in steps):
+        print(f"loss_curve: the resumed run logged steps {steps[0] if steps else 0}..{steps[-1] if steps else 0}, "
+              f"expected {args.start + 1}.. within the whole run's {min(whole, default=0)}..{max(whole, default=0)}")
+        return 1
+    first = steps[0]
+    rows = [(f"loss at step {first} (the next loss)", whole[first], run[first]),
+            (f"mean loss, steps {first}-{steps[-1]}", sum(whole[s] for s in steps) / len(steps),
+             sum(run[s] for s in steps) / len(steps))]
+    bad = 0
+    print(f"{'':36s} {'whole run':>10s} {'resumed':>10s} {'relative':>9s}")
+    for name, want, got in rows:
+        relative = abs(got - want) / abs(want)
+        bad += relative > args.tolerance
+        print(f"{name:36s} {want:10.6f} {got:10.6f} {relative:9.2e}"
+              + ("" if relative <= args.tolerance else f"  > {args.tolerance:g}"))
+    print(f"loss_curve: {len(rows) - bad} of {len(rows)} within {args.tolerance:g} of the run never interrupted")
+    return 1 if bad else 0
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -90,8 +117,13 @@ def main():
     c.add_argument("reference")
     c.add_argument("metrics")
     c.add_argument("--tolerance", type=float, default=0.02)
+    r = commands.add_parser("resumed")
+    r.add_argument("whole")
+    r.add_argument("resumed")
+    r.add_argument("--from", dest="start", type=int, required=True)
+    r.add_argument("--tolerance", type=float, default=0.02)
     args = parser.parse_args()
-    return make(args) if args.command == "make" else compare(args)
+    return {"make": make, "compare": compare, "resumed": resumed}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -12,39 +12,17 @@
 #include "model/cuda_backend.h"
 #include "model/gpt.h"
 #include "model/kernels/cuda_device.h"
+#include "tests/cuda_test_support.h"
+#include "tests/test_support.h"
 
 using namespace tpsp;
 
 namespace {
 
-// configs/tiny.yaml's model, on a shorter batch
-GPTConfig tiny_config() {
-    GPTConfig c;
-    c.num_layers = 4, c.num_heads = 4, c.channels = 128, c.vocab_size = 256, c.padded_vocab_size = 256;
-    c.max_seq_len = 128;
-    return c;
-}
-
-std::vector<float> download_floats(const float* device, int64_t n) {
-    std::vector<float> host(static_cast<size_t>(n));
-    CudaBackend::download(host.data(), device, sizeof(float) * n);
-    return host;
-}
-
-std::vector<uint8_t> download_bytes(const uint8_t* device, int64_t n) {
-    std::vector<uint8_t> host(static_cast<size_t>(n));
-    CudaBackend::download(host.data(), device, size_t(n));
-    return host;
-}
-
-double relative_error(const float* got, const float* want, int64_t n) {
-    double diff = 0.0, norm = 0.0;
-    for (int64_t i = 0; i < n; i++) {
-        diff += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
-        norm += double(want[i]) * want[i];
-    }
-    return std::sqrt(diff / std::max(norm, 1e-30));
-}
+using tpsp::testing::download_bytes;
+using tpsp::testing::download_floats;
+using tpsp::testing::relative_error;
+using tpsp::testing::tiny_gpu_config;
 
 // Token ids and targets [b, s] from two affine sequences mod V.
 struct Tokens {
@@ -86,21 +64,12 @@ void expect_same_loss_and_gradients(GPT& cpu, GPTModel<CudaBackend>& gpu_model, 
     for (int part = 0; part < 2; part++) EXPECT_NEAR(gpu_sums[part], cpu_sums[part], 1e-1 * cpu_sums[part]);
 }
 
-class CudaModel : public ::testing::Test {
-protected:
-    void SetUp() override {
-        if (gpu::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
-        runtime_ = std::make_unique<gpu::GpuRuntime>(0);
-    }
-
-private:
-    std::unique_ptr<gpu::GpuRuntime> runtime_;
-};
+class CudaModel : public tpsp::testing::GpuTest {};
 
 }  // namespace
 
 TEST_F(CudaModel, LossGradientsAndMasksMatchTheCpuModel) {
-    const GPTConfig config = tiny_config();
+    const GPTConfig config = tiny_gpu_config();
     const RunShape shape{4, 64, 0.1f};
     const int N = shape.batch * shape.seq_len;
     GPT cpu(config, shape);
@@ -121,7 +90,7 @@ TEST_F(CudaModel, LossGradientsAndMasksMatchTheCpuModel) {
 #ifdef TPSP_WITH_CUDNN
 // model.attention: cudnn without dropout computes what the explicit CPU model does.
 TEST_F(CudaModel, CudnnAttentionMatchesTheCpuModelWithoutDropout) {
-    GPTConfig config = tiny_config();
+    GPTConfig config = tiny_gpu_config();
     const RunShape shape{4, 64, 0.0f};
     GPT cpu(config, shape);
     config.attention = AttentionKernel::cudnn_fused;
@@ -139,7 +108,7 @@ TEST_F(CudaModel, CudnnAttentionMatchesTheCpuModelWithoutDropout) {
 #endif  // TPSP_WITH_CUDNN
 
 TEST_F(CudaModel, ArenaIsTheBf16Formula) {
-    const GPTConfig config = tiny_config();
+    const GPTConfig config = tiny_gpu_config();
     const RunShape shape{4, 64, 0.1f};
     GPTModel<CudaBackend> model(config, shape);
     const int64_t b = shape.batch, s = shape.seq_len, h = config.channels, a = config.num_heads;
@@ -150,37 +119,97 @@ TEST_F(CudaModel, ArenaIsTheBf16Formula) {
     EXPECT_EQ(int64_t(model.activation_arena.bytes()), config.num_layers * per_block + outside);
 }
 
+namespace {
+
+// One forward and backward of the GPU model from `seed`'s weights on the
+// tokens and draw: the loss, and the gradient downloaded.
+float loss_and_gradients(const GPTConfig& config, const RunShape& shape, const Tokens& tokens, const DropoutStep& draw,
+                         std::vector<float>* grads) {
+    GPTModel<CudaBackend> model(config, shape);
+    model.init_random(42);
+    model.zero_grad();
+    const float loss = model.forward(tokens.inputs.data(), tokens.targets.data(), draw);
+    model.backward(1.0f / (shape.batch * shape.seq_len));
+    *grads = download_floats(model.grads.wte, model.num_parameters);
+    return loss;
+}
+
+// Each recompute mode of `shapes` against the same shape keeping everything:
+// the same loss, the gradients to 1e-5.
+void expect_recomputation_changes_nothing(const GPTConfig& config, const std::vector<RunShape>& shapes) {
+    const Tokens tokens = affine_tokens(4 * 64, config.vocab_size, 97, 13, 31, 7);
+    const DropoutStep draw{1234, 7, 0};
+    for (const RunShape& shape : shapes) {
+        SCOPED_TRACE(recompute_description(shape) + " dropout " + std::to_string(shape.dropout));
+        RunShape none = shape;
+        none.recompute = Recompute::none;
+        std::vector<float> kept_grads, recomputed_grads;
+        const float kept = loss_and_gradients(config, none, tokens, draw, &kept_grads);
+        const float recomputed = loss_and_gradients(config, shape, tokens, draw, &recomputed_grads);
+        EXPECT_EQ(recomputed, kept);
+        ASSERT_EQ(recomputed_grads.size(), kept_grads.size());
+        EXPECT_LT(relative_error(recomputed_grads.data(), kept_grads.data(), int64_t(kept_grads.size())), 1e-5);
+    }
+}
+
+}  // namespace
+
 // Recomputation on the GPU: the forward is the same kernels on the same
 // inputs, so the loss is the same bits; the gradients are bounded, not
 // compared bit for bit, because the wte, LayerNorm and bias gradients are
 // summed with atomicAdd, whose order differs from run to run even without
 // recomputation.
 TEST_F(CudaModel, RecomputationGivesTheSameLossAndGradients) {
-    const GPTConfig config = tiny_config();
+    expect_recomputation_changes_nothing(tiny_gpu_config(),
+                                         {RunShape{4, 64, 0.1f, Recompute::selective},
+                                          RunShape{4, 64, 0.1f, Recompute::full, RecomputeMethod::uniform, 2},
+                                          RunShape{4, 64, 0.1f, Recompute::full, RecomputeMethod::block, 1},
+                                          RunShape{4, 64, 0.0f, Recompute::full, RecomputeMethod::uniform, 1}});
+}
+
+#ifdef TPSP_WITH_CUDNN
+// cuDNN's attention with dropout inside the model. Its mask comes from cuDNN's
+// own generator (seeded from the draw), not tpsp's, so it cannot be compared
+// with the CPU's; what can fail: dropout must change the loss, the same draw
+// must give the same loss and another draw another, and full recomputation
+// must redraw the forward's masks exactly (the same loss, the gradients to
+// 1e-5), which it does only if the seed and offset reach cuDNN again.
+TEST_F(CudaModel, CudnnAttentionWithDropoutInsideTheModelAndUnderFullRecomputation) {
+    GPTConfig config = tiny_gpu_config();
+    config.attention = AttentionKernel::cudnn_fused;
     const Tokens tokens = affine_tokens(4 * 64, config.vocab_size, 97, 13, 31, 7);
-    auto loss_and_gradients = [&](const RunShape& shape, std::vector<float>* grads) {
-        GPTModel<CudaBackend> model(config, shape);
-        model.init_random(42);
-        model.zero_grad();
-        const float loss = model.forward(tokens.inputs.data(), tokens.targets.data(), {1234, 7, 0});
-        model.backward(1.0f / (shape.batch * shape.seq_len));
-        *grads = download_floats(model.grads.wte, model.num_parameters);
-        return loss;
-    };
-    for (const RunShape& shape : {RunShape{4, 64, 0.1f, Recompute::selective},
-                                  RunShape{4, 64, 0.1f, Recompute::full, RecomputeMethod::uniform, 2},
-                                  RunShape{4, 64, 0.1f, Recompute::full, RecomputeMethod::block, 1},
-                                  RunShape{4, 64, 0.0f, Recompute::full, RecomputeMethod::uniform, 1}}) {
-        SCOPED_TRACE(recompute_description(shape) + " dropout " + std::to_string(shape.dropout));
-        RunShape none = shape;
-        none.recompute = Recompute::none;
-        std::vector<float> kept_grads, recomputed_grads;
-        const float kept = loss_and_gradients(none, &kept_grads);
-        const float recomputed = loss_and_gradients(shape, &recomputed_grads);
-        EXPECT_EQ(recomputed, kept);
-        ASSERT_EQ(recomputed_grads.size(), kept_grads.size());
-        EXPECT_LT(relative_error(recomputed_grads.data(), kept_grads.data(), int64_t(kept_grads.size())), 1e-5);
-    }
+    std::vector<float> grads;
+    const float without = loss_and_gradients(config, RunShape{4, 64, 0.0f}, tokens, {1234, 7, 0}, &grads);
+    const float with = loss_and_gradients(config, RunShape{4, 64, 0.1f}, tokens, {1234, 7, 0}, &grads);
+    const float again = loss_and_gradients(config, RunShape{4, 64, 0.1f}, tokens, {1234, 7, 0}, &grads);
+    const float other_draw = loss_and_gradients(config, RunShape{4, 64, 0.1f}, tokens, {1234, 8, 0}, &grads);
+    EXPECT_TRUE(std::isfinite(with));
+    EXPECT_NE(with, without);
+    EXPECT_EQ(with, again);
+    EXPECT_NE(with, other_draw);
+    expect_recomputation_changes_nothing(config, {RunShape{4, 64, 0.1f, Recompute::full, RecomputeMethod::uniform, 2},
+                                                  RunShape{4, 64, 0.1f, Recompute::full, RecomputeMethod::block, 1}});
+}
+#endif  // TPSP_WITH_CUDNN
+
+// Every kernel at GPT-2 124M's shape, in one block and the LM head with its
+// cross-entropy: h = 768, a = 12 (hs = 64), b = 2, s = 1024, V = 50257
+// padded to Vp = 50304 (the padded logits must take no mass and no
+// gradient), dropout 0.1. Against the CPU model, as the tiny shape is above.
+TEST_F(CudaModel, OneBlockAndTheLmHeadAtGpt2Shape) {
+    GPTConfig config;
+    config.num_layers = 1, config.num_heads = 12, config.channels = 768;
+    config.vocab_size = 50257, config.padded_vocab_size = 50304, config.max_seq_len = 1024;
+    const RunShape shape{2, 1024, 0.1f};
+    const int N = shape.batch * shape.seq_len;
+    GPT cpu(config, shape);
+    GPTModel<CudaBackend> gpu_model(config, shape);
+    // the last token ids of the vocabulary among the targets, next to the padding
+    expect_same_loss_and_gradients(cpu, gpu_model, affine_tokens(N, config.vocab_size, 7919, 3, 104729, 50250),
+                                   {99, 1, 0}, 44);
+    const std::vector<float> dwte = download_floats(gpu_model.grads.wte, config.padded_vocab_size * config.channels);
+    for (int64_t i = int64_t(config.vocab_size) * config.channels; i < int64_t(dwte.size()); i++)
+        ASSERT_EQ(dwte[size_t(i)], 0.0f) << "a padded row of wte has a gradient";
 }
 
 namespace {

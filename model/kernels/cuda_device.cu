@@ -19,7 +19,9 @@ void check_cublas(cublasStatus_t status, const char* what) {
 
 void check_launch(const char* kernel) { check_cuda(cudaGetLastError(), kernel); }
 
-static const GpuContext* current_context = nullptr;
+// One per thread: the ranks of the one-GPU stand-in (parallel/cuda_thread_group.h)
+// are threads of one process, each with its own stream and cuBLASLt handle.
+thread_local const GpuContext* current_context = nullptr;
 
 const GpuContext& context() {
     if (!current_context) throw std::logic_error("a CUDA kernel was called with no GpuRuntime alive");

@@ -8,6 +8,7 @@
 // cuBLASLt is column-major, and a row-major [r, c] matrix is a column-major
 // [c, r] one. So out [N, OC] = inp [N, C] @ weight [OC, C]^T is, to cuBLASLt,
 // out^T [OC, N] = (weight seen as [C, OC])^T · (inp seen as [C, N]).
+#include <atomic>
 #include <compare>
 #include <cstdint>
 #include <cstdio>
@@ -110,7 +111,8 @@ static std::optional<cublasLtMatmulAlgo_t> choose_algorithm(const GemmKey& key, 
                                                             cublasLtMatrixLayout_t a_layout,
                                                             cublasLtMatrixLayout_t b_layout,
                                                             cublasLtMatrixLayout_t d_layout) {
-    static std::map<GemmKey, std::optional<cublasLtMatmulAlgo_t>> chosen;
+    // per thread, as the handle that asked (gpu::context())
+    thread_local std::map<GemmKey, std::optional<cublasLtMatmulAlgo_t>> chosen;
     auto found = chosen.find(key);
     if (found != chosen.end()) return found->second;
     const GpuContext& ctx = gpu::context();
@@ -186,9 +188,9 @@ static void lt_matmul(bool transa, bool transb, int m, int n, int k, float alpha
 
 // Said once: the GELU then runs as its own kernel, which the figures should know.
 static void note_unfused_gelu(const char* which) {
-    static bool said = false;
-    if (!said) std::fprintf(stderr, "tpsp: cuBLASLt has no %s epilogue here: GEMM and GELU run apart\n", which);
-    said = true;
+    static std::atomic<bool> said{false};  // the stand-in's rank threads share the line
+    if (!said.exchange(true))
+        std::fprintf(stderr, "tpsp: cuBLASLt has no %s epilogue here: GEMM and GELU run apart\n", which);
 }
 
 void gpu::batched_gemm(bool transa, bool transb, int m, int n, int k, float alpha, const bf16* A, int lda,

@@ -35,8 +35,9 @@ struct GpuContext {
     size_t blas_workspace_bytes = 0;
 };
 
-// The context the kernels below enqueue on (one per process, as llm.c's
-// global stream and cuBLASLt handle); GpuRuntime sets it.
+// The context the kernels below enqueue on: llm.c's global stream and
+// cuBLASLt handle, but one per thread, so that the t rank threads of the
+// one-GPU stand-in each enqueue on their own; GpuRuntime sets it.
 const GpuContext& context();
 void set_context(const GpuContext* context);
 

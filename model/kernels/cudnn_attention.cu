@@ -42,9 +42,10 @@ void check(cudnnStatus_t status, const char* what) {
                              "; model.attention: explicit runs without cuDNN");
 }
 
-// One cuDNN handle per process, on the kernels' stream (as cuBLASLt's).
+// One cuDNN handle per thread, on the kernels' stream (as cuBLASLt's: the
+// rank threads of the one-GPU stand-in each have their stream).
 cudnnHandle_t handle() {
-    static cudnnHandle_t h = [] {
+    thread_local cudnnHandle_t h = [] {
         cudnnHandle_t created;
         check(cudnnCreate(&created), "cudnnCreate");
         return created;
@@ -444,8 +445,9 @@ void build_backward(Plan& plan, const AttentionShape& s, float p) {
 }
 
 Plan& plan_for(const AttentionShape& s, float p, bool backward) {
-    // never destroyed: destroying a plan after the CUDA runtime has shut down at exit is not safe
-    static auto* plans = new std::map<PlanKey, std::unique_ptr<Plan>>;
+    // per thread, as the handle they are made for; never destroyed: destroying
+    // a plan after the CUDA runtime has shut down at exit is not safe
+    thread_local auto* plans = new std::map<PlanKey, std::unique_ptr<Plan>>;
     std::unique_ptr<Plan>& plan = (*plans)[{s.B, s.T, s.C, s.NH, p, backward}];
     if (!plan) {
         plan = std::make_unique<Plan>();
@@ -467,7 +469,7 @@ struct Scratch {
     }
 };
 Scratch& scratch() {
-    static auto* s = new Scratch;  // never destroyed, as the plans
+    thread_local auto* s = new Scratch;  // per thread and never destroyed, as the plans
     return *s;
 }
 
