@@ -1,9 +1,12 @@
 #include "parallel/nccl_communicator.h"
 
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 #include "common/loaded_library.h"
 #include "parallel/device_buffer_work.h"
@@ -59,16 +62,23 @@ NcclCommunicator::NcclCommunicator(MPI_Comm comm, cudaStream_t compute_stream, b
 }
 
 // The watchdog's end of a stuck group, on the watchdog's thread: one line, the
-// NCCL kernels aborted (so the device lets go), then this process. MPI was
-// started single-threaded, so this thread makes no MPI call: a rank that ends
-// without MPI_Finalize makes mpirun end the whole job.
+// NCCL kernels aborted (so the device lets go), then this process. The abort
+// frees memory and joins NCCL's threads, which can block behind the very work
+// that is stuck, so it gets 5 s on a thread of its own and the process ends
+// either way. MPI was started single-threaded, so this thread makes no MPI
+// call: a rank that ends without MPI_Finalize makes mpirun end the whole job.
 void NcclCommunicator::give_up(const char* name, double seconds) {
     std::fprintf(stderr,
                  "tpsp: rank %d: the %s (NCCL, rank %d of a group of %d) has not completed after %.0f s "
                  "(parallel.timeout_s): a peer has stopped; ending the job\n",
                  world_rank_, name, rank(), size(), seconds);
     std::fflush(stderr);
-    ncclCommAbort(nccl_);
+    std::atomic<bool> aborted{false};  // outlives the thread's use of it: this function never returns
+    std::thread([&aborted, comm = nccl_] {
+        ncclCommAbort(comm);
+        aborted = true;
+    }).detach();
+    for (int tenth = 0; tenth < 50 && !aborted; tenth++) std::this_thread::sleep_for(std::chrono::milliseconds(100));
     std::_Exit(1);
 }
 

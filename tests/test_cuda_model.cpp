@@ -170,10 +170,12 @@ TEST_F(CudaModel, RecomputationGivesTheSameLossAndGradients) {
 #ifdef TPSP_WITH_CUDNN
 // cuDNN's attention with dropout inside the model. Its mask comes from cuDNN's
 // own generator (seeded from the draw), not tpsp's, so it cannot be compared
-// with the CPU's; what can fail: dropout must change the loss, the same draw
-// must give the same loss and another draw another, and full recomputation
-// must redraw the forward's masks exactly (the same loss, the gradients to
-// 1e-5), which it does only if the seed and offset reach cuDNN again.
+// with the CPU's. The model with it must be deterministic per draw (the same
+// draw, the same loss; another draw, another loss; dropout on, another loss
+// than off: these the other three dropout sites would satisfy alone), and
+// full recomputation must redraw the forward's masks exactly (the same loss,
+// the gradients to 1e-5): that holds only if backward's seed and offset reach
+// cuDNN again, which is the part of this test that only cuDNN can fail.
 TEST_F(CudaModel, CudnnAttentionWithDropoutInsideTheModelAndUnderFullRecomputation) {
     GPTConfig config = tiny_gpu_config();
     config.attention = AttentionKernel::cudnn_fused;
