@@ -27,6 +27,7 @@ cd "$(dirname "$0")/.."
 rehearse=0
 [ "${1:-}" = "--rehearse" ] && rehearse=1
 out="${OUT:-/tmp}"
+mkdir -p "$out"
 log="$out/gpu_check.log"
 : > "$log"
 budget="${TPSP_GPU_CHECK_BUDGET:-480}"
