@@ -236,6 +236,23 @@ MpiTransfer Communicator::start_reduce_scatter(const float* full, float* shard, 
     return t;
 }
 
+// Each rank sends t − 1 of its blocks and receives as many: a ring's time.
+MpiTransfer Communicator::start_all_to_all(const float* send, float* receive, size_t count, const char* name) {
+    if (size_ == 1) {
+        if (receive != send) std::memcpy(receive, send, count * 4);
+        return {};
+    }
+    bytes.all_to_all += int64_t(count) * size_ * 4;
+    Transfer t = begin(name, ring_seconds(count), true);
+    MPI_Ialltoall(send, int(count), MPI_FLOAT, receive, int(count), MPI_FLOAT, comm_, &t.request);
+    return t;
+}
+
+void Communicator::all_to_all(const float* send, float* receive, size_t count) {
+    Transfer t = start_all_to_all(send, receive, count, "all-to-all");
+    wait(t);
+}
+
 void Communicator::all_gather(const float* shard, float* full, size_t count) {
     Transfer t = start_all_gather(shard, full, count, "all-gather");
     wait(t);

@@ -34,7 +34,7 @@
 namespace tpsp {
 
 struct CollectiveBytes {
-    int64_t all_gather = 0, reduce_scatter = 0, all_reduce = 0;
+    int64_t all_gather = 0, reduce_scatter = 0, all_reduce = 0, all_to_all = 0;
 };
 
 // total: the time during which at least one of the group's transfers was in
@@ -120,6 +120,9 @@ public:
     // block q, for every q (start_reduce_scatter_blocks below sums them)
     void all_gather_blocks(float* data, const std::vector<int>& counts, const std::vector<int>& offsets,
                            const char* name);
+    // receive's block q [count] = rank q's send's block of this rank: send and
+    // receive [size · count] (context parallelism's sp2hp / hp2sp, mappings.h)
+    void all_to_all(const float* send, float* receive, size_t count);
     // receive [size · count] on root = every rank's send [count] (checkpoints; not counted)
     void gather(const float* send, float* receive, size_t count, int root);
 
@@ -133,6 +136,7 @@ public:
                         Transfer* sent, Transfer* received);
     Transfer start_all_gather(const float* shard, float* full, size_t count, const char* name);
     Transfer start_reduce_scatter(const float* full, float* shard, size_t count, const char* name);
+    Transfer start_all_to_all(const float* send, float* receive, size_t count, const char* name);
     // On blocks as all_gather_blocks: data's block of this rank = Σ_ranks
     // their data's block of this rank, in rank order (an all-reduce is this
     // and then the all-gather); the other blocks are left as they were. And

@@ -36,4 +36,28 @@ struct TensorParallelism {
     int seq_start(int seq_len) const { return sequence_parallel ? rank * local_seq(seq_len) : 0; }
 };
 
+// How a rank takes part in context parallelism (Megatron's load-balanced
+// layout for causal attention): each sequence of s tokens is cut into 2·cp
+// chunks of s/(2·cp), and CP rank r holds chunks r and 2·cp − 1 − r, in that
+// order, as its s/cp "local" positions. Under causal attention a chunk's cost
+// grows with its index, so every rank gets one cheap and one dear chunk:
+//
+//   cp = 2, s = 8:   global  0 1 | 2 3 | 4 5 | 6 7      chunks 0 1 2 3
+//                    rank 0  0 1         6 7           (chunks 0 and 3)
+//                    rank 1        2 3 4 5             (chunks 1 and 2)
+struct ContextParallelism {
+    int size = 1;  // cp
+    int rank = 0;
+
+    int local_seq(int seq_len) const { return seq_len / size; }
+    int chunk_len(int seq_len) const { return seq_len / (2 * size); }
+    // the global chunk that half h (0 or 1) of CP rank r's positions is
+    int chunk_of(int r, int half) const { return half == 0 ? r : 2 * size - 1 - r; }
+    // the global position of this rank's local position i ∈ [0, s/cp)
+    int global_position(int i, int seq_len) const {
+        const int chunk = chunk_len(seq_len);
+        return chunk_of(rank, i / chunk) * chunk + i % chunk;
+    }
+};
+
 }  // namespace tpsp

@@ -15,6 +15,8 @@
 #pragma once
 #include <cstddef>
 
+#include "parallel/layout.h"
+
 namespace tpsp {
 
 template <class Comm>
@@ -67,6 +69,79 @@ private:
     }
     Comm* group_;
     bool sequence_parallel_;
+};
+
+// Context parallelism's two mappings around the attention core (seed 002
+// §5, Megatron's all_to_all_sp2hp / all_to_all_hp2sp, "Ulysses"), one
+// all-to-all each over the CP group. A row of the attention's input holds
+// `sections` parts (Q, K and V: 3; the output: 1) of `heads` heads of
+// `head_size` channels, this TP rank's heads:
+//
+//   sp2hp: [s/cp, b, sections·heads·hs], this CP rank's positions (chunks
+//          r and 2cp−1−r, layout.h)
+//       →  [s, b, sections·(heads/cp)·hs], every position in global order,
+//          for this CP rank's heads/cp of the heads (the r-th run of them)
+//   hp2sp: the reverse.
+//
+// Each is a permutation of the elements across the group, so the backward
+// of one is the other applied to the gradients: sp2hp's backward is hp2sp,
+// and hp2sp's is sp2hp.
+template <class Comm>
+class ContextParallelMappings {
+public:
+    ContextParallelMappings(Comm* group, int sections, int heads, int head_size, int seq_len, int batch)
+        : group_(group), cp_{group->size(), group->rank()}, sections_(sections), heads_(heads), head_size_(head_size),
+          seq_len_(seq_len), batch_(batch) {}
+
+    // Elements of either side: the local [s/cp, b, sections·heads·hs] and the
+    // head-sharded [s, b, sections·(heads/cp)·hs] hold as many.
+    size_t count() const { return size_t(seq_len_ / cp_.size) * batch_ * sections_ * heads_ * head_size_; }
+
+    // sp2hp forward (hp2sp backward). send, receive: scratch of count() elements.
+    template <class T>
+    void sequence_to_heads(const T* local, T* full, T* send, T* receive) {
+        // block c of send: every local row, the columns of CP rank c's heads
+        for (int c = 0; c < cp_.size; c++)
+            for (int section = 0; section < sections_; section++)
+                group_->copy_rows(send + block(c) + size_t(section) * head_width(), full_width(),
+                                  local + size_t(section) * heads_ * head_size_ + size_t(c) * head_width(),
+                                  local_width(), size_t(local_rows()), head_width());
+        group_->all_to_all(send, receive, block(1));
+        // block c of receive: CP rank c's two chunks, for this rank's heads
+        for (int c = 0; c < cp_.size; c++)
+            for (int half = 0; half < 2; half++)
+                group_->copy(full + chunk_at(cp_.chunk_of(c, half)), receive + block(c) + chunk_at(half),
+                             chunk_elements());
+    }
+
+    // hp2sp forward (sp2hp backward). send, receive: scratch of count() elements.
+    template <class T>
+    void heads_to_sequence(const T* full, T* local, T* send, T* receive) {
+        // block c of send: CP rank c's two chunks, this rank's heads
+        for (int c = 0; c < cp_.size; c++)
+            for (int half = 0; half < 2; half++)
+                group_->copy(send + block(c) + chunk_at(half), full + chunk_at(cp_.chunk_of(c, half)),
+                             chunk_elements());
+        group_->all_to_all(send, receive, block(1));
+        // block c of receive: this rank's rows, the columns of CP rank c's heads
+        for (int c = 0; c < cp_.size; c++)
+            for (int section = 0; section < sections_; section++)
+                group_->copy_rows(local + size_t(section) * heads_ * head_size_ + size_t(c) * head_width(),
+                                  local_width(), receive + block(c) + size_t(section) * head_width(), full_width(),
+                                  size_t(local_rows()), head_width());
+    }
+
+private:
+    int local_rows() const { return seq_len_ / cp_.size * batch_; }
+    size_t head_width() const { return size_t(heads_ / cp_.size) * head_size_; }  // one section's, per CP rank
+    size_t full_width() const { return size_t(sections_) * head_width(); }        // a row of the head-sharded side
+    size_t local_width() const { return size_t(sections_) * heads_ * head_size_; }
+    size_t block(int c) const { return size_t(c) * local_rows() * full_width(); }
+    size_t chunk_elements() const { return size_t(cp_.chunk_len(seq_len_)) * batch_ * full_width(); }
+    size_t chunk_at(int chunk) const { return size_t(chunk) * chunk_elements(); }  // rows are sequence-major
+    Comm* group_;
+    ContextParallelism cp_;
+    int sections_, heads_, head_size_, seq_len_, batch_;
 };
 
 }  // namespace tpsp

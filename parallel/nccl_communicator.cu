@@ -10,6 +10,7 @@
 
 #include "common/loaded_library.h"
 #include "parallel/device_buffer_work.h"
+#include "parallel/mappings.h"
 
 namespace tpsp {
 
@@ -165,6 +166,24 @@ NcclTransfer NcclCommunicator::start_reduce_scatter(const bf16* full, bf16* shar
     return finish_enqueue(name, true);
 }
 
+// NCCL has no all-to-all: one grouped send and receive per peer.
+void NcclCommunicator::all_to_all(const bf16* send, bf16* receive, size_t count) {
+    if (!nccl_) {  // a group of one
+        if (receive != send) copy(receive, send, count);
+        return;
+    }
+    bytes.all_to_all += int64_t(count) * size() * int64_t(sizeof(bf16));
+    after_compute();
+    check_nccl(ncclGroupStart(), "ncclGroupStart");
+    for (int q = 0; q < size(); q++) {
+        check_nccl(ncclSend(send + size_t(q) * count, count, ncclBfloat16, q, nccl_, comm_stream_), "ncclSend");
+        check_nccl(ncclRecv(receive + size_t(q) * count, count, ncclBfloat16, q, nccl_, comm_stream_), "ncclRecv");
+    }
+    check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+    Transfer t = finish_enqueue("all-to-all", true);
+    wait(t);
+}
+
 void NcclCommunicator::all_gather(const bf16* shard, bf16* full, size_t count) {
     Transfer t = start_all_gather(shard, full, count, "all-gather");
     wait(t);
@@ -208,5 +227,10 @@ void NcclCommunicator::copy_rows(bf16* dst, size_t dst_stride, const bf16* src, 
                                  size_t width) {
     gpu::copy_rows_on_stream(compute_stream_, dst, dst_stride, src, src_stride, rows, width);
 }
+
+// Context parallelism's mappings on NCCL, compiled here so that every CUDA
+// build compiles them (the model does not call them yet: docs/design.md §9).
+template void ContextParallelMappings<NcclCommunicator>::sequence_to_heads<bf16>(const bf16*, bf16*, bf16*, bf16*);
+template void ContextParallelMappings<NcclCommunicator>::heads_to_sequence<bf16>(const bf16*, bf16*, bf16*, bf16*);
 
 }  // namespace tpsp

@@ -70,6 +70,9 @@ public:
     void all_reduce_sum(bf16* data, size_t count);
     void all_reduce_sum(float* data, size_t count);
     void all_reduce_max(float* data, size_t count);
+    // receive's block q [count] = rank q's send's block of this rank (grouped
+    // sends and receives; context parallelism's sp2hp / hp2sp, mappings.h)
+    void all_to_all(const bf16* send, bf16* receive, size_t count);
     // host doubles, over MPI (norms and losses)
     void all_reduce_sum(double* data, size_t count) { host_.all_reduce_sum(data, count); }
     // host floats, over MPI (checkpoints)

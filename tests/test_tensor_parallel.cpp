@@ -16,6 +16,7 @@
 #include "model/gpt.h"
 #include "model/memory_report.h"
 #include "parallel/communicator.h"
+#include "parallel/mappings.h"
 #include "parallel/overlap.h"
 #include "parallel/thread_group.h"
 #include "parallel/trace.h"
@@ -514,6 +515,74 @@ TEST(Communicator, ThePipelinedReduceScatterSendsEachColumnRangeAsItIsProduced) 
     EXPECT_EQ(pipelined, plain);
     EXPECT_EQ(order, (std::vector<int>{0, 1, 2}));
     EXPECT_TRUE(then_ran);
+}
+
+// Context parallelism's layout: the load-balanced chunks of design.md's drawing.
+TEST(ContextParallel, EachRankHoldsChunkRAndChunkTwoCpMinusOneMinusR) {
+    const auto positions = [](int cp, int rank, int s) {
+        std::vector<int> p;
+        const ContextParallelism layout{cp, rank};
+        for (int i = 0; i < layout.local_seq(s); i++) p.push_back(layout.global_position(i, s));
+        return p;
+    };
+    EXPECT_EQ(positions(2, 0, 8), (std::vector<int>{0, 1, 6, 7}));
+    EXPECT_EQ(positions(2, 1, 8), (std::vector<int>{2, 3, 4, 5}));
+    EXPECT_EQ(positions(4, 1, 16), (std::vector<int>{2, 3, 12, 13}));
+    EXPECT_EQ(positions(1, 0, 4), (std::vector<int>{0, 1, 2, 3}));
+    // every position is some rank's, once
+    std::vector<int> seen(64, 0);
+    for (int rank = 0; rank < 4; rank++)
+        for (int p : positions(4, rank, 64)) seen[size_t(p)]++;
+    EXPECT_EQ(seen, std::vector<int>(64, 1));
+}
+
+// sp2hp and hp2sp against a gather-then-slice reference: every rank knows the
+// whole [s, b, sections·heads·hs] tensor X; its local side is X's rows at its
+// positions, and sp2hp must give X's every row (in global order) with only
+// this rank's heads of each section; hp2sp must give the local side back.
+// Each element encodes its position, sequence and column, so a wrong chunk,
+// row or head is a wrong value.
+void check_context_parallel_mappings(int cp, int sections) {
+    SCOPED_TRACE("cp=" + std::to_string(cp) + " sections=" + std::to_string(sections));
+    int world_rank;
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    MPI_Comm comm;
+    MPI_Comm_split(MPI_COMM_WORLD, world_rank / cp, world_rank % cp, &comm);
+    Communicator group(comm);
+    const int s = 4 * cp, b = 3, heads = 2 * cp, hs = 5, width = sections * heads * hs;
+    const ContextParallelism layout{cp, group.rank()};
+    auto x = [&](int position, int sequence, int column) { return float(position * 10000 + sequence * 1000 + column); };
+    std::vector<float> local(size_t(layout.local_seq(s)) * b * width);
+    for (int i = 0; i < layout.local_seq(s); i++)
+        for (int seq = 0; seq < b; seq++)
+            for (int col = 0; col < width; col++)
+                local[(size_t(i) * b + seq) * width + col] = x(layout.global_position(i, s), seq, col);
+
+    ContextParallelMappings<Communicator> mappings(&group, sections, heads, hs, s, b);
+    ASSERT_EQ(mappings.count(), local.size());
+    std::vector<float> full(local.size()), send(local.size()), receive(local.size()), back(local.size());
+    mappings.sequence_to_heads(local.data(), full.data(), send.data(), receive.data());
+    const int my_heads = heads / cp, full_width = sections * my_heads * hs;
+    int wrong = 0;
+    for (int position = 0; position < s; position++)
+        for (int seq = 0; seq < b; seq++)
+            for (int section = 0; section < sections; section++)
+                for (int j = 0; j < my_heads * hs; j++) {
+                    const int column = section * heads * hs + group.rank() * my_heads * hs + j;
+                    wrong += full[(size_t(position) * b + seq) * full_width + section * my_heads * hs + j] !=
+                             x(position, seq, column);
+                }
+    EXPECT_EQ(wrong, 0) << "elements of sp2hp's output that are not X's";
+    mappings.heads_to_sequence(full.data(), back.data(), send.data(), receive.data());
+    EXPECT_EQ(back, local) << "hp2sp did not undo sp2hp";
+    // the full tensor, once each way; a group of one moves nothing
+    EXPECT_EQ(group.bytes.all_to_all, cp == 1 ? 0 : int64_t(2 * local.size() * 4));
+    MPI_Comm_free(&comm);
+}
+
+TEST(ContextParallel, Sp2hpIsTheWholeSequenceSlicedByHeadsAndHp2spItsInverse) {
+    for (int cp : {1, 2, 4})
+        for (int sections : {1, 3}) check_context_parallel_mappings(cp, sections);
 }
 
 int main(int argc, char** argv) {
