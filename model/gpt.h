@@ -119,6 +119,11 @@ struct Workspace {
     Act* attention_scratch;   // the attention kernels' scratch, as large as the backend says
     float* replicated_grads;  // the replicated parameters' gradients, packed for one all-reduce
     Act* rs_scratch;          // [3, s_local, b, h] an overlapped reduce-scatter's buffers in flight
+    // context parallelism's (none at cp = 1), each [s/cp, b, 3h/t] or as many elements:
+    Act* cp_qkv;      // qkv before sp2hp; then the gradient of the head-sharded qkv, before hp2sp
+    Act* cp_out;      // [s, b, h/(t·cp)] the attention's output before hp2sp; then its gradient after sp2hp
+    Act* cp_send;     // the all-to-all's blocks going out
+    Act* cp_receive;  // and coming in
     // what backward recomputes into (recompute_table in gpt_model.h): the
     // recomputed blocks' forward writes there, and backward writes it again
     // before it reads it
@@ -151,17 +156,22 @@ int recompute_slots(const GPTConfig& config, const RunShape& shape);
 template <class Act>
 std::vector<TensorSpec> gemm_weight_table(const GPTConfig& config, int tp, GemmWeights<Act>* w,
                                           std::vector<BlockGemmWeights<Act>>* blocks = nullptr);
+// Under context parallelism (cp) `shape` is a CP rank's: seq_len is the s/cp
+// positions it holds; its attention runs on all cp·seq_len positions for
+// 1/cp of its heads (docs/design.md §9).
 template <class Act>
 std::vector<TensorSpec> block_activation_table(const GPTConfig& config, const RunShape& shape,
                                                const TensorParallelism& tp, BlockActivations<Act>* a,
-                                               BlockKeeps keeps = BlockKeeps::whole_table);
+                                               BlockKeeps keeps = BlockKeeps::whole_table,
+                                               const ContextParallelism& cp = {});
 template <class Act>
 std::vector<TensorSpec> outside_activation_table(const GPTConfig& config, const RunShape& shape,
                                                  const TensorParallelism& tp, OutsideActivations<Act>* a);
 // attention_scratch: the backend's (Backend::attention_scratch)
 template <class Act>
 std::vector<TensorSpec> workspace_table(const GPTConfig& config, const RunShape& shape, const TensorParallelism& tp,
-                                        const Dim& attention_scratch, Workspace<Act>* w);
+                                        const Dim& attention_scratch, Workspace<Act>* w,
+                                        const ContextParallelism& cp = {});
 std::vector<TensorSpec> token_table(const RunShape& shape, TokenBuffers* tokens);
 
 // docs/design.md §2, bytes of one block's whole table per rank:
@@ -213,8 +223,11 @@ public:
     using Comm = typename Backend::Comm;
 
     // group: the TP group's communicator (its size and rank must match tp);
-    // null for a single rank.
-    GPTModel(const GPTConfig& config, const RunShape& shape, const TensorParallelism& tp = {}, Comm* group = nullptr);
+    // null for a single rank. cp_group: the context-parallel group, null for
+    // none; with one, `shape` is this CP rank's (seq_len: its s/cp positions)
+    // and forward takes the tokens at those positions (docs/design.md §9).
+    GPTModel(const GPTConfig& config, const RunShape& shape, const TensorParallelism& tp = {}, Comm* group = nullptr,
+             Comm* cp_group = nullptr);
 
     // inputs, targets [b, s] on the host (the data's order); returns the mean
     // loss over the b·s tokens. training = false turns dropout off (validation, sampling).
@@ -243,6 +256,7 @@ public:
     GPTConfig config;
     RunShape shape;
     TensorParallelism tp;
+    ContextParallelism cp;                    // {1, 0} without context parallelism
     std::vector<TensorSpec> parameter_specs;  // names and shapes of this rank's shard, llm.c order
     int64_t num_parameters = 0;               // of this rank's shard
     ParameterTensors params{}, grads{};       // fp32 masters and their gradients, in the backend's memory
@@ -258,14 +272,15 @@ public:
 private:
     void refresh_gemm_weights();
     void norm_forward(Act* out, const Act* inp, const float* weight, const float* bias);
-    void branch_forward(Act* out, const Act* residual, Act* y, const float* bias, uint8_t* mask, const DropoutBox& box,
-                        float p, const DropoutKey& key);
+    void branch_forward(Act* out, const Act* residual, Act* y, const float* bias, uint8_t* mask, float p,
+                        const DropoutKey& key, int64_t batch_offset);
     void branch_backward(float* dbias, const uint8_t* mask);
     void norm_backward(float* dweight, float* dbias, const Act* dout, const Act* inp, const float* weight);
     void block_forward(int layer, Act* block_out, const DropoutStep& draw, float p);
     void self_attention_forward(int layer, const DropoutStep& draw, float p);
     void explicit_attention_forward(int layer, Act* out, const DropoutStep& draw, float p);
     void self_attention_backward(int layer);
+    void self_attention_core_backward(int layer, Act* dqkv, const Act* dout);
     void block_backward(int layer);
     void recompute_runs_ending_at(int layer);
     void place_recomputed_tensors();
@@ -273,10 +288,22 @@ private:
     void classifier_backward(float dloss_scale);
     int local_seq() const { return tp.local_seq(shape.seq_len); }  // s/t under SP, s without
     int seq_start() const { return tp.seq_start(shape.seq_len); }  // first position of this rank's shard
-    float* parameter(const std::string& name) const;               // the fp32 tensor of that name
+    // this rank's shard of positions as runs of global positions (one without CP)
+    ContextParallelism::PositionRuns position_runs() const {
+        return cp.runs(seq_start(), local_seq(), attention_seq());
+    }
+    // what the attention core works on: every position (cp · seq_len), a/(t·cp) heads of h/(t·cp) channels
+    int attention_seq() const { return shape.seq_len * cp.size; }
+    int attention_heads() const { return config.num_heads / (tp.size * cp.size); }
+    int attention_channels() const { return config.channels / (tp.size * cp.size); }
+    int first_attention_head() const { return (tp.rank * cp.size + cp.rank) * attention_heads(); }
+    Act* attention_input(int layer);                  // where the qkv linear writes
+    float* parameter(const std::string& name) const;  // the fp32 tensor of that name
     Comm single_rank_group_;
     Comm* group_;
     TensorParallelMappings<Comm> mappings_;
+    Comm* cp_group_ = nullptr;
+    std::unique_ptr<ContextParallelMappings<Comm>> cp_qkv_, cp_out_;  // sp2hp / hp2sp of qkv and of the output
     std::unique_ptr<ParallelLinears<Comm, Act>> linears_;
     std::vector<int> host_row_targets_;  // [s, b], staged for the upload
     DropoutStep last_draw_;              // the last forward's draw and dropout probability, for backward

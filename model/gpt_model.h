@@ -42,12 +42,19 @@ std::vector<TensorSpec> gemm_weight_table(const GPTConfig& c, int t, GemmWeights
     };
 }
 
+// A dimension split again cp ways, for context parallelism: "a/t" → "a/t/cp".
+inline Dim cp_split(const Dim& d, const ContextParallelism& cp) {
+    return cp.size > 1 ? Dim{d.size / cp.size, d.symbol + "/cp"} : d;
+}
+
 // S', its dropout mask and S [b, a/t, s, s] of the explicit attention; at
-// p = 0 only S' (S is S', and there is no mask).
+// p = 0 only S' (S is S', and there is no mask). Under CP: [b, a/t/cp, s, s],
+// every position for 1/cp of the heads.
 template <class Act>
 std::vector<TensorSpec> attention_scores_table(const GPTConfig& c, const RunShape& r, const TensorParallelism& tp,
-                                               BlockActivations<Act>* a) {
-    Dim b{r.batch, "b"}, s{r.seq_len, "s"}, heads = split_dim(c.num_heads, "a", tp.size);
+                                               BlockActivations<Act>* a, const ContextParallelism& cp = {}) {
+    Dim b{r.batch, "b"}, s{int64_t(r.seq_len) * cp.size, "s"};
+    Dim heads = cp_split(split_dim(c.num_heads, "a", tp.size), cp);
     std::vector<TensorSpec> table = {tensor("softmax_out", {b, heads, s, s}, &a->softmax_out)};
     if (r.dropout > 0.0f)
         table.insert(table.end(), {tensor("attn_dropout_mask", {b, heads, s, s}, &a->attn_dropout_mask),
@@ -61,9 +68,10 @@ std::vector<TensorSpec> attention_scores_table(const GPTConfig& c, const RunShap
 // selective recomputation.
 template <class Act>
 std::vector<TensorSpec> block_activation_table(const GPTConfig& c, const RunShape& r, const TensorParallelism& tp,
-                                               BlockActivations<Act>* a, BlockKeeps keeps) {
+                                               BlockActivations<Act>* a, BlockKeeps keeps,
+                                               const ContextParallelism& cp) {
     const int t = tp.size;
-    Dim b{r.batch, "b"}, s{r.seq_len, "s"}, h{c.channels, "h"};
+    Dim b{r.batch, "b"}, s{r.seq_len, cp.size > 1 ? "s/cp" : "s"}, h{c.channels, "h"};
     Dim s_local = tp.sequence_parallel ? split_dim(r.seq_len, "s", t) : s;  // tp.local_seq, named
     Dim heads = split_dim(c.num_heads, "a", t), h_t = split_dim(c.channels, "h", t);
     Dim h3_t = split_dim(3 * c.channels, "3h", t), h4_t = split_dim(4 * c.channels, "4h", t);
@@ -72,11 +80,13 @@ std::vector<TensorSpec> block_activation_table(const GPTConfig& c, const RunShap
     if (keeps == BlockKeeps::input_only) return table;
     const bool dropout = r.dropout > 0.0f;
     table.push_back(tensor("ln1_out", {s_local, b, h}, &a->ln1_out));
-    table.push_back(tensor("qkv", {s, b, h3_t}, &a->qkv));
+    if (cp.size > 1)  // as many elements, after sp2hp: every position, 1/cp of the heads
+        table.push_back(tensor("qkv", {{int64_t(r.seq_len) * cp.size, "s"}, b, cp_split(h3_t, cp)}, &a->qkv));
+    else table.push_back(tensor("qkv", {s, b, h3_t}, &a->qkv));
     if (c.attention == AttentionKernel::cudnn_fused) {
         table.push_back(tensor("softmax_stats", {b, heads, s}, &a->softmax_stats));
     } else if (keeps_attention_scores(c, r)) {
-        const std::vector<TensorSpec> scores = attention_scores_table(c, r, tp, a);
+        const std::vector<TensorSpec> scores = attention_scores_table(c, r, tp, a, cp);
         table.insert(table.end(), scores.begin(), scores.end());
     }
     table.push_back(tensor("attn_out", {s, b, h_t}, &a->attn_out));
@@ -96,11 +106,11 @@ std::vector<TensorSpec> block_activation_table(const GPTConfig& c, const RunShap
 // block keeps its own). Names are prefixed "recompute[j].".
 template <class Act>
 std::vector<TensorSpec> recompute_table(const GPTConfig& c, const RunShape& r, const TensorParallelism& tp, int slot,
-                                        BlockActivations<Act>* a) {
+                                        BlockActivations<Act>* a, const ContextParallelism& cp) {
     std::vector<TensorSpec> table;
-    if (recomputes_attention_scores(c, r)) table = attention_scores_table(c, r, tp, a);
+    if (recomputes_attention_scores(c, r)) table = attention_scores_table(c, r, tp, a, cp);
     if (r.recompute == Recompute::full) {
-        table = block_activation_table(c, r, tp, a);
+        table = block_activation_table(c, r, tp, a, BlockKeeps::whole_table, cp);
         if (slot == 0) table.erase(table.begin());  // ln1_in
     }
     for (TensorSpec& spec : table) spec.name = "recompute[" + std::to_string(slot) + "]." + spec.name;
@@ -137,9 +147,10 @@ int64_t replicated_parameter_elements(const GPTConfig& c);
 
 template <class Act>
 std::vector<TensorSpec> workspace_table(const GPTConfig& c, const RunShape& r, const TensorParallelism& tp,
-                                        const Dim& attention_scratch, Workspace<Act>* w) {
+                                        const Dim& attention_scratch, Workspace<Act>* w, const ContextParallelism& cp) {
     const int t = tp.size;
-    Dim b{r.batch, "b"}, s{r.seq_len, "s"}, h{c.channels, "h"};
+    Dim b{r.batch, "b"}, s{r.seq_len, cp.size > 1 ? "s/cp" : "s"}, h{c.channels, "h"};
+    Dim cp_s = cp.size > 1 ? s : Dim{0, "no CP"};  // the CP buffers' rows
     Dim s_local = tp.sequence_parallel ? split_dim(r.seq_len, "s", t) : s;
     bool packs_replicated = tp.sequence_parallel_active();
     bool overlapped_rs = packs_replicated && (tp.overlap.rs || tp.overlap.rs_dgrad);
@@ -157,10 +168,14 @@ std::vector<TensorSpec> workspace_table(const GPTConfig& c, const RunShape& r, c
         tensor("replicated_grads", {{packs_replicated ? replicated_parameter_elements(c) : 0, "replicated"}},
                &w->replicated_grads),
         tensor("rs_scratch", {{overlapped_rs ? 3 : 0, "3"}, s_local, b, h}, &w->rs_scratch),
+        tensor("cp_qkv", {cp_s, b, split_dim(3 * c.channels, "3h", t)}, &w->cp_qkv),
+        tensor("cp_out", {cp_s, b, split_dim(c.channels, "h", t)}, &w->cp_out),
+        tensor("cp_send", {cp_s, b, split_dim(3 * c.channels, "3h", t)}, &w->cp_send),
+        tensor("cp_receive", {cp_s, b, split_dim(3 * c.channels, "3h", t)}, &w->cp_receive),
     };
     w->recompute.assign(size_t(recompute_slots(c, r)), BlockActivations<Act>{});
     for (int slot = 0; slot < int(w->recompute.size()); slot++) {
-        const std::vector<TensorSpec> recomputed = recompute_table(c, r, tp, slot, &w->recompute[size_t(slot)]);
+        const std::vector<TensorSpec> recomputed = recompute_table(c, r, tp, slot, &w->recompute[size_t(slot)], cp);
         table.insert(table.end(), recomputed.begin(), recomputed.end());
     }
     return table;
@@ -170,11 +185,24 @@ std::vector<TensorSpec> workspace_table(const GPTConfig& c, const RunShape& r, c
 // construction
 
 template <class Backend>
-GPTModel<Backend>::GPTModel(const GPTConfig& c, const RunShape& r, const TensorParallelism& t, Comm* group)
-    : config(c), shape(r), tp(t), group_(group ? group : &single_rank_group_),
-      mappings_(group_, t.sequence_parallel_active()) {
+GPTModel<Backend>::GPTModel(const GPTConfig& c, const RunShape& r, const TensorParallelism& t, Comm* group,
+                            Comm* cp_group)
+    : config(c), shape(r), tp(t), cp{cp_group ? cp_group->size() : 1, cp_group ? cp_group->rank() : 0},
+      group_(group ? group : &single_rank_group_), mappings_(group_, t.sequence_parallel_active()),
+      cp_group_(cp_group) {
     if (group_->size() != tp.size || group_->rank() != tp.rank)
         throw std::logic_error("GPT: the communicator does not match the tensor-parallel layout");
+    if (cp.size > 1) {
+        if (config.attention == AttentionKernel::cudnn_fused)
+            throw std::invalid_argument("model.attention: cudnn does not run under context parallelism yet");
+        if (config.num_heads % (tp.size * cp.size) != 0 || shape.seq_len % (2 * tp.size) != 0)
+            throw std::logic_error("GPT: the context-parallel layout does not divide the heads or the positions");
+        const int qkv_heads = config.num_heads / tp.size, head_size = config.channels / config.num_heads;
+        cp_qkv_ = std::make_unique<ContextParallelMappings<Comm>>(cp_group_, 3, qkv_heads, head_size, attention_seq(),
+                                                                  shape.batch);
+        cp_out_ = std::make_unique<ContextParallelMappings<Comm>>(cp_group_, 1, qkv_heads, head_size, attention_seq(),
+                                                                  shape.batch);
+    }
     if (shape.recompute == Recompute::full &&
         (shape.recompute_layers < 1 || shape.recompute_layers > config.num_layers))
         throw std::invalid_argument("model.recompute_layers: " + std::to_string(shape.recompute_layers) +
@@ -211,15 +239,16 @@ GPTModel<Backend>::GPTModel(const GPTConfig& c, const RunShape& r, const TensorP
     std::vector<TensorSpec> activations;
     for (int l = 0; l < config.num_layers; l++) {
         std::vector<TensorSpec> table = block_activation_table(config, shape, tp, &blocks[l],
-                                                               block_keeps(shape, config.num_layers, l));
+                                                               block_keeps(shape, config.num_layers, l), cp);
         activations.insert(activations.end(), table.begin(), table.end());
     }
     std::vector<TensorSpec> outside_table = outside_activation_table(config, shape, tp, &outside);
     activations.insert(activations.end(), outside_table.begin(), outside_table.end());
     activation_arena = Arena(activations, memory);
     const Dim scratch = attention_scratch_for(
-        config, Backend::attention_scratch(shape.batch, shape.seq_len, config.channels, config.num_heads, tp.size));
-    workspace_arena = Arena(workspace_table(config, shape, tp, scratch, &workspace), memory);
+        config,
+        Backend::attention_scratch(shape.batch, attention_seq(), config.channels, config.num_heads, tp.size * cp.size));
+    workspace_arena = Arena(workspace_table(config, shape, tp, scratch, &workspace, cp), memory);
     place_recomputed_tensors();
     token_arena = Arena(token_table(shape, &tokens), memory);
     host_row_targets_.resize(size_t(shape.batch) * shape.seq_len);
@@ -312,44 +341,82 @@ inline uint64_t fused_attention_seed(const DropoutStep& draw, int layer, int tp_
     return uint64_t(bits[0]) | uint64_t(bits[1]) << 32;
 }
 
-// Causal self-attention of this rank's a/t heads: qkv → attn_out.
+// Where the qkv linear writes: the block's qkv, or under CP the scratch
+// that sp2hp then turns into the block's (head-sharded) qkv.
+template <class Backend>
+typename GPTModel<Backend>::Act* GPTModel<Backend>::attention_input(int l) {
+    return cp.size > 1 ? workspace.cp_qkv : blocks[l].qkv;
+}
+
+// Causal self-attention of this rank's a/t heads: qkv → attn_out. Under CP
+// (§9): sp2hp gives every position for a/(t·cp) heads, the core runs on them,
+// and hp2sp brings the output back to this rank's positions.
 template <class Backend>
 void GPTModel<Backend>::self_attention_forward(int l, const DropoutStep& draw, float p) {
-    const int B = shape.batch, T = shape.seq_len, Ct = config.channels / tp.size, heads = config.num_heads / tp.size;
+    const int B = shape.batch, T = attention_seq(), Ct = attention_channels(), heads = attention_heads();
     BlockActivations<Act>& a = blocks[l];
-    ComputeSpan span(group_->tracer, "attention");
-    if constexpr (Backend::has_fused_attention) {
-        if (config.attention == AttentionKernel::cudnn_fused) {
-            fused_attention_forward(a.attn_out, a.softmax_stats, a.qkv, B, T, Ct, heads, p,
-                                    fused_attention_seed(draw, l, tp.rank));
-            return;
-        }
+    Workspace<Act>& w = workspace;
+    if (cp.size > 1) {
+        ComputeSpan span(group_->tracer, "sp2hp");
+        cp_qkv_->sequence_to_heads(w.cp_qkv, a.qkv, w.cp_send, w.cp_receive);
     }
-    explicit_attention_forward(l, a.attn_out, draw, p);
+    {
+        ComputeSpan span(group_->tracer, "attention");
+        if constexpr (Backend::has_fused_attention) {
+            if (config.attention == AttentionKernel::cudnn_fused) {
+                fused_attention_forward(a.attn_out, a.softmax_stats, a.qkv, B, T, Ct, heads, p,
+                                        fused_attention_seed(draw, l, tp.rank));
+                return;
+            }
+        }
+        explicit_attention_forward(l, cp.size > 1 ? w.cp_out : a.attn_out, draw, p);
+    }
+    if (cp.size > 1) {
+        ComputeSpan span(group_->tracer, "hp2sp");
+        cp_out_->heads_to_sequence(w.cp_out, a.attn_out, w.cp_send, w.cp_receive);
+    }
 }
 
 // The explicit kernels: out = S·V, writing the block's S', mask and S (its
 // own, or under selective recomputation the workspace's one set).
 template <class Backend>
 void GPTModel<Backend>::explicit_attention_forward(int l, Act* out, const DropoutStep& draw, float p) {
-    const int B = shape.batch, T = shape.seq_len, Ct = config.channels / tp.size, heads = config.num_heads / tp.size;
+    const int B = shape.batch, T = attention_seq(), Ct = attention_channels(), heads = attention_heads();
     BlockActivations<Act>& a = blocks[l];
     attention_forward(out, a.softmax_out, a.attn_dropout_mask, a.attn_dropout_out, a.qkv, workspace.attention_scratch,
-                      B, T, Ct, heads, p, probs_box(B, heads, config.num_heads, T, tp.rank * heads, draw.batch_offset),
+                      B, T, Ct, heads, p,
+                      probs_box(B, heads, config.num_heads, T, first_attention_head(), draw.batch_offset),
                       {draw.seed, draw.step, uint32_t(l), DropoutSite::attention_probs});
 }
 
 // dL/d(qkv) into workspace.wide_grad from dL/d(attn_out) in workspace.attn_grad.
+// Under CP the gradient takes the mappings' way back: sp2hp of dL/d(attn_out)
+// (hp2sp's backward), the core's backward, hp2sp of dL/d(qkv) (sp2hp's).
 template <class Backend>
 void GPTModel<Backend>::self_attention_backward(int l) {
-    const int B = shape.batch, T = shape.seq_len, Ct = config.channels / tp.size, heads = config.num_heads / tp.size;
+    Workspace<Act>& w = workspace;
+    if (cp.size > 1) {
+        ComputeSpan span(group_->tracer, "hp2sp backward");
+        cp_out_->sequence_to_heads(w.attn_grad, w.cp_out, w.cp_send, w.cp_receive);
+    }
+    self_attention_core_backward(l, cp.size > 1 ? w.cp_qkv : w.wide_grad, cp.size > 1 ? w.cp_out : w.attn_grad);
+    if (cp.size > 1) {
+        ComputeSpan span(group_->tracer, "sp2hp backward");
+        cp_qkv_->heads_to_sequence(w.cp_qkv, w.wide_grad, w.cp_send, w.cp_receive);
+    }
+}
+
+// dL/d(qkv) into dqkv from dL/d(the core's output) in dout, both as the core sees them.
+template <class Backend>
+void GPTModel<Backend>::self_attention_core_backward(int l, Act* dqkv, const Act* dout) {
+    const int B = shape.batch, T = attention_seq(), Ct = attention_channels(), heads = attention_heads();
     const float p = last_dropout_;
     const BlockActivations<Act>& a = blocks[l];
     Workspace<Act>& w = workspace;
     if constexpr (Backend::has_fused_attention) {
         if (config.attention == AttentionKernel::cudnn_fused) {
             ComputeSpan span(group_->tracer, "attention backward");
-            fused_attention_backward(w.wide_grad, w.attn_grad, a.qkv, a.attn_out, a.softmax_stats, B, T, Ct, heads, p,
+            fused_attention_backward(dqkv, dout, a.qkv, a.attn_out, a.softmax_stats, B, T, Ct, heads, p,
                                      fused_attention_seed(last_draw_, l, tp.rank));
             return;
         }
@@ -361,8 +428,8 @@ void GPTModel<Backend>::self_attention_backward(int l) {
         explicit_attention_forward(l, w.partial, last_draw_, p);
     }
     ComputeSpan span(group_->tracer, "attention backward");
-    attention_backward(w.wide_grad, w.attn_grad, a.qkv, a.softmax_out, a.attn_dropout_mask, a.attn_dropout_out,
-                       w.attention_scratch, B, T, Ct, heads, p);
+    attention_backward(dqkv, dout, a.qkv, a.softmax_out, a.attn_dropout_mask, a.attn_dropout_out, w.attention_scratch,
+                       B, T, Ct, heads, p);
 }
 
 // LayerNorm over this rank's rows [s/t·b, h] (all s·b rows without SP).
@@ -373,39 +440,47 @@ void GPTModel<Backend>::norm_forward(Act* out, const Act* inp, const float* weig
 }
 
 // A residual branch's end: out = residual + dropout(y + bias); y is scratch.
+// The masks are keyed by global position: one call per run of them (§9).
 template <class Backend>
-void GPTModel<Backend>::branch_forward(Act* out, const Act* residual, Act* y, const float* bias, uint8_t* mask,
-                                       const DropoutBox& box, float p, const DropoutKey& key) {
+void GPTModel<Backend>::branch_forward(Act* out, const Act* residual, Act* y, const float* bias, uint8_t* mask, float p,
+                                       const DropoutKey& key, int64_t batch_offset) {
+    const int B = shape.batch, C = config.channels;
     ComputeSpan span(group_->tracer, "bias, dropout, residual");
-    bias_dropout_residual_forward(out, mask, y, residual, bias, box, p, key);
+    const ContextParallelism::PositionRuns runs = position_runs();
+    for (int i = 0; i < runs.count; i++) {
+        const ContextParallelism::PositionRun& run = runs.run[i];
+        const size_t at = size_t(run.offset) * B * C;
+        bias_dropout_residual_forward(out + at, mask ? mask + at : nullptr, y + at, residual + at, bias,
+                                      token_box(run.count, B, attention_seq(), C, run.global_start, batch_offset), p,
+                                      key);
+    }
 }
 
 template <class Backend>
 void GPTModel<Backend>::block_forward(int l, Act* block_out, const DropoutStep& draw, float p) {
-    const int B = shape.batch, T = shape.seq_len, C = config.channels, t = tp.size;
+    const int C = config.channels, t = tp.size;
     const int Ct = C / t, hidden = 4 * C / t;
     const BlockParameters& param = block_params[l];
     const BlockGemmWeights<Act>& weight = block_weights[l];
     BlockActivations<Act>& a = blocks[l];
     Workspace<Act>& w = workspace;
-    DropoutBox token_positions = token_box(local_seq(), B, T, C, seq_start(), draw.batch_offset);
     auto key = [&](DropoutSite site) { return DropoutKey{draw.seed, draw.step, uint32_t(l), site}; };
 
     // attention half: ln2_in = ln1_in + dropout(ḡ(proj(attention(qkv(g(ln1(ln1_in)))))) + bias)
     norm_forward(a.ln1_out, a.ln1_in, param.ln1w, param.ln1b);
-    linears_->column_forward("qkv", a.qkv, a.ln1_out, w.gathered, weight.qkvw, weight.qkvb, C, 3 * Ct);
+    linears_->column_forward("qkv", attention_input(l), a.ln1_out, w.gathered, weight.qkvw, weight.qkvb, C, 3 * Ct);
     self_attention_forward(l, draw, p);
     Act* y = linears_->row_forward("attention proj", a.attn_out, w.partial, w.branch, weight.attprojw, Ct, C);
-    branch_forward(a.ln2_in, a.ln1_in, y, param.attprojb, a.proj_dropout_mask, token_positions, p,
-                   key(DropoutSite::attention_proj));
+    branch_forward(a.ln2_in, a.ln1_in, y, param.attprojb, a.proj_dropout_mask, p, key(DropoutSite::attention_proj),
+                   draw.batch_offset);
 
     // MLP half: block_out = ln2_in + dropout(ḡ(fc2(gelu(fc1(g(ln2(ln2_in)))))) + bias)
     norm_forward(a.ln2_out, a.ln2_in, param.ln2w, param.ln2b);
     linears_->column_forward("fc1 + gelu", a.gelu_out, a.ln2_out, w.gathered, weight.fcw, weight.fcb, C, hidden,
                              a.gelu_in);
     y = linears_->row_forward("fc2", a.gelu_out, w.partial, w.branch, weight.fcprojw, hidden, C);
-    branch_forward(block_out, a.ln2_in, y, param.fcprojb, a.fc2_dropout_mask, token_positions, p,
-                   key(DropoutSite::mlp_fc2));
+    branch_forward(block_out, a.ln2_in, y, param.fcprojb, a.fc2_dropout_mask, p, key(DropoutSite::mlp_fc2),
+                   draw.batch_offset);
 }
 
 // Final LayerNorm, the column-parallel LM head and the vocabulary-parallel
@@ -461,10 +536,16 @@ float GPTModel<Backend>::forward(const int* inputs, const int* targets, const Dr
     Act* x = mappings_.gbar_forward(w.partial, w.branch, size_t(N) * C);
     {
         ComputeSpan span(group_->tracer, "embeddings");
-        position_embedding_forward(x, params.wpe, seq_start(), local_seq(), B, C);
-        dropout_forward(blocks[0].ln1_in, outside.embedding_dropout_mask, x,
-                        token_box(local_seq(), B, T, C, seq_start(), draw.batch_offset), p,
-                        {draw.seed, draw.step, 0, DropoutSite::embedding});
+        const ContextParallelism::PositionRuns runs = position_runs();  // global positions (§9)
+        for (int i = 0; i < runs.count; i++) {
+            const ContextParallelism::PositionRun& run = runs.run[i];
+            const size_t at = size_t(run.offset) * B * C;
+            uint8_t* mask = outside.embedding_dropout_mask;
+            position_embedding_forward(x + at, params.wpe, run.global_start, run.count, B, C);
+            dropout_forward(blocks[0].ln1_in + at, mask ? mask + at : nullptr, x + at,
+                            token_box(run.count, B, attention_seq(), C, run.global_start, draw.batch_offset), p,
+                            {draw.seed, draw.step, 0, DropoutSite::embedding});
+        }
     }
     for (int l = 0; l < L; l++) {
         if (parameters_needed) parameters_needed(l + 1);
@@ -472,7 +553,10 @@ float GPTModel<Backend>::forward(const int* inputs, const int* targets, const Dr
     }
     if (parameters_needed) parameters_needed(L + 1);
     classifier_forward();
-    return Backend::mean_loss(outside.losses, N);
+    if (cp.size == 1) return Backend::mean_loss(outside.losses, N);
+    double mean = Backend::mean_loss(outside.losses, N);  // of this rank's positions: as many on every CP rank
+    cp_group_->all_reduce_sum(&mean, 1);
+    return float(mean / cp.size);
 }
 
 // ----------------------------------------------------------------------------
@@ -574,7 +658,10 @@ void GPTModel<Backend>::backward(float dloss_scale, const std::function<void(int
     {
         ComputeSpan span(group_->tracer, "embeddings backward");
         dropout_backward(w.branch, outside.embedding_dropout_mask, w.stream_grad, int64_t(N_local) * C, last_dropout_);
-        position_embedding_backward(grads.wpe, w.branch, seq_start(), local_seq(), B, C);
+        const ContextParallelism::PositionRuns runs = position_runs();
+        for (int i = 0; i < runs.count; i++)
+            position_embedding_backward(grads.wpe, w.branch + size_t(runs.run[i].offset) * B * C,
+                                        runs.run[i].global_start, runs.run[i].count, B, C);
     }
     const Act* demb = mappings_.gbar_backward(static_cast<const Act*>(w.branch), w.gathered, size_t(N) * C);
     ComputeSpan span(group_->tracer, "embeddings backward");

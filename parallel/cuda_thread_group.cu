@@ -79,6 +79,18 @@ CudaThreadCommunicator::Transfer CudaThreadCommunicator::start_reduce_scatter(co
     return {};
 }
 
+// receive's block q = rank q's send's block rank_
+void CudaThreadCommunicator::all_to_all(const bf16* send, bf16* receive, size_t count) {
+    if (size_ == 1) {
+        if (receive != send) copy(receive, send, count);
+        return;
+    }
+    bytes.all_to_all += int64_t(count) * size_ * int64_t(sizeof(bf16));
+    const double started = offer(send, "all-to-all");
+    for (int q = 0; q < size_; q++) copy(receive + size_t(q) * count, offered<bf16>(q) + size_t(rank_) * count, count);
+    finish("all-to-all", started);
+}
+
 void CudaThreadCommunicator::all_gather(const bf16* shard, bf16* full, size_t count) {
     start_all_gather(shard, full, count, "all-gather");
 }

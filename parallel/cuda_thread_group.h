@@ -57,6 +57,7 @@ public:
     void all_reduce_sum(bf16* data, size_t count);
     void all_reduce_sum(float* data, size_t count);
     void all_reduce_max(float* data, size_t count);
+    void all_to_all(const bf16* send, bf16* receive, size_t count);
     // host doubles (norms and losses), as the CPU stand-in sums them
     void all_reduce_sum(double* data, size_t count) { host_.all_reduce_sum(data, count); }
 

@@ -24,6 +24,7 @@ concept TensorParallelGroup = requires(Comm& comm, const T* in, T* out, float* f
     comm.all_reduce_sum(f, n);
     comm.all_reduce_max(f, n);
     comm.all_reduce_sum(d, n);
+    comm.all_to_all(in, out, n);  // context parallelism's sp2hp / hp2sp (mappings.h)
     // non-blocking transfers, for the overlap schedules
     comm.start_exchange(in, out, n, peer, peer, peer, name, &transfer, &transfer);
     { comm.start_all_gather(in, out, n, name) } -> std::same_as<typename Comm::Transfer>;

@@ -4,6 +4,7 @@
 // values: no MPI, no kernels, so that the config and the memory report can
 // describe a layout without launching one.
 #pragma once
+#include <algorithm>
 
 namespace tpsp {
 
@@ -57,6 +58,28 @@ struct ContextParallelism {
     int global_position(int i, int seq_len) const {
         const int chunk = chunk_len(seq_len);
         return chunk_of(rank, i / chunk) * chunk + i % chunk;
+    }
+
+    // Local positions [first, first + count) as runs of consecutive global
+    // positions: one, or two where they cross from the rank's first chunk to
+    // its second (an SP shard of the rank's positions may).
+    struct PositionRun {
+        int offset;        // from `first`
+        int count;         // positions
+        int global_start;  // the global position of the first
+    };
+    struct PositionRuns {
+        PositionRun run[2];
+        int count;
+    };
+    PositionRuns runs(int first, int count, int seq_len) const {
+        const int chunk = chunk_len(seq_len);
+        const int in_first_chunk = size == 1 ? count : std::max(0, std::min(count, chunk - first));
+        if (in_first_chunk == count || in_first_chunk == 0)
+            return {{{0, count, size == 1 ? first : global_position(first, seq_len)}, {}}, 1};
+        return {{{0, in_first_chunk, global_position(first, seq_len)},
+                 {in_first_chunk, count - in_first_chunk, global_position(first + in_first_chunk, seq_len)}},
+                2};
     }
 };
 

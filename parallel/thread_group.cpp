@@ -89,6 +89,21 @@ ThreadCommunicator::Transfer ThreadCommunicator::start_reduce_scatter(const floa
     return {};
 }
 
+// receive's block q = rank q's send's block rank_
+void ThreadCommunicator::all_to_all(const float* send, float* receive, size_t count) {
+    if (size_ == 1) {
+        if (receive != send) std::memcpy(receive, send, count * 4);
+        return;
+    }
+    const double started = now_seconds();
+    bytes.all_to_all += int64_t(count) * size_ * 4;
+    group_->offer_and_wait(rank_, {send}, "all-to-all");
+    for (int q = 0; q < size_; q++)
+        std::memcpy(receive + size_t(q) * count, offered(q) + size_t(rank_) * count, count * 4);
+    group_->wait_for_everyone("all-to-all");
+    record("all-to-all", started);
+}
+
 void ThreadCommunicator::all_gather(const float* shard, float* full, size_t count) {
     start_all_gather(shard, full, count, "all-gather");
 }

@@ -69,6 +69,7 @@ public:
     void all_reduce_sum(float* data, size_t count);
     void all_reduce_max(float* data, size_t count);
     void all_reduce_sum(double* data, size_t count);
+    void all_to_all(const float* send, float* receive, size_t count);
 
     void start_exchange(const float* send, float* receive, size_t count, int to, int from, int tag, const char* name,
                         Transfer* sent, Transfer* received);

@@ -585,6 +585,95 @@ TEST(ContextParallel, Sp2hpIsTheWholeSequenceSlicedByHeadsAndHp2spItsInverse) {
         for (int sections : {1, 3}) check_context_parallel_mappings(cp, sections);
 }
 
+// The model under context parallelism against the model of one rank: the
+// world's 4 ranks as groups of t·cp (t innermost, then cp), every rank with
+// the same batch, each CP rank feeding the tokens at its positions. The loss
+// (the mean over every position), every gradient (summed over the CP group,
+// the TP shards gathered), and the dropout masks (each rank's slice of the
+// one-rank masks, by global position and head), at dropout 0.1.
+void compare_context_parallel_with_one_rank(int cp, int t, bool sequence_parallel) {
+    SCOPED_TRACE("cp=" + std::to_string(cp) + " t=" + std::to_string(t) + (sequence_parallel ? " SP" : " TP only"));
+    int world_rank;
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    const int tp_rank = world_rank % t, cp_rank = world_rank / t % cp, replica = world_rank / (t * cp);
+    MPI_Comm tp_comm, cp_comm;
+    MPI_Comm_split(MPI_COMM_WORLD, world_rank / t, tp_rank, &tp_comm);
+    MPI_Comm_split(MPI_COMM_WORLD, replica * t + tp_rank, cp_rank, &cp_comm);
+    Communicator tp_group(tp_comm), cp_group(cp_comm);
+    const GPTConfig config = tiny_config();
+    const int B = shape.batch, S = shape.seq_len, C = config.channels, N = B * S;
+    const std::vector<int> tokens = tpsp::testing::random_tokens(N, config.vocab_size, 31);
+    const DropoutStep draw{5, 2, 0};
+
+    GPT one(config, shape);
+    one.init_random(11);
+    one.zero_grad();
+    const float one_loss = one.forward(tokens.data(), tokens.data() + 1, draw);
+    one.backward(1.0f / N);
+
+    const ContextParallelism layout{cp, cp_rank};
+    RunShape rank_shape = shape;
+    rank_shape.seq_len = layout.local_seq(S);
+    std::vector<int> inputs, targets;  // [b, s/cp]: this rank's positions of every sequence
+    for (int b = 0; b < B; b++)
+        for (int i = 0; i < rank_shape.seq_len; i++) {
+            inputs.push_back(tokens[size_t(b * S + layout.global_position(i, S))]);
+            targets.push_back(tokens[size_t(b * S + layout.global_position(i, S)) + 1]);
+        }
+    GPT split(config, rank_shape, {t, tp_rank, sequence_parallel, {}}, &tp_group, &cp_group);
+    split.init_random(11);
+    split.zero_grad();
+    const float split_loss = split.forward(inputs.data(), targets.data(), draw);
+    split.backward(1.0f / N);
+    split.reduce_replicated_grads();
+    cp_group.all_reduce_sum(split.grads.wte, size_t(split.num_parameters));
+    EXPECT_NEAR(split_loss, one_loss, 1e-6 * one_loss);
+
+    // every gradient, summed over cp, the TP shards gathered into the whole model's layout
+    std::vector<float> shards(size_t(split.num_parameters) * t), full(size_t(one.num_parameters));
+    tp_group.gather(split.grads.wte, shards.data(), size_t(split.num_parameters), 0);
+    if (tp_rank == 0) {
+        for (int r = 0; r < t; r++)
+            copy_parameter_shards(config, t, r, full.data(), shards.data() + size_t(r) * split.num_parameters,
+                                  ShardDirection::shard_to_full);
+        int64_t at = 0;
+        for (const TensorSpec& spec : one.parameter_specs) {
+            EXPECT_LT(tpsp::testing::relative_error(full.data() + at, one.grads.wte + at, spec.elements()), 1e-5)
+                << "gradient of " << spec.name;
+            at += spec.elements();
+        }
+    }
+
+    // the masks: attention by (sequence, head), the others by global position
+    const int heads = config.num_heads / (t * cp), first_head = (tp_rank * cp + cp_rank) * heads;
+    const int rows = sequence_parallel ? rank_shape.seq_len / t : rank_shape.seq_len;
+    const int first = sequence_parallel ? tp_rank * rows : 0;
+    int wrong = 0;
+    for (int l = 0; l < config.num_layers; l++) {
+        for (int b = 0; b < B; b++)
+            wrong += std::memcmp(split.blocks[l].attn_dropout_mask + size_t(b) * heads * S * S,
+                                 one.blocks[l].attn_dropout_mask + (size_t(b) * config.num_heads + first_head) * S * S,
+                                 size_t(heads) * S * S) != 0;
+        for (int i = 0; i < rows; i++) {
+            const size_t global = size_t(layout.global_position(first + i, S)) * B * C;
+            wrong += std::memcmp(split.blocks[l].fc2_dropout_mask + size_t(i) * B * C,
+                                 one.blocks[l].fc2_dropout_mask + global, size_t(B) * C) != 0;
+            wrong += std::memcmp(split.blocks[l].proj_dropout_mask + size_t(i) * B * C,
+                                 one.blocks[l].proj_dropout_mask + global, size_t(B) * C) != 0;
+        }
+    }
+    EXPECT_EQ(wrong, 0) << "masks that are not the one-rank masks at the same heads and positions";
+    MPI_Comm_free(&tp_comm);
+    MPI_Comm_free(&cp_comm);
+}
+
+TEST(ContextParallel, TheModelOnCpRanksEqualsOneRank) {
+    compare_context_parallel_with_one_rank(2, 1, true);
+    compare_context_parallel_with_one_rank(4, 1, true);
+    compare_context_parallel_with_one_rank(2, 2, true);
+    compare_context_parallel_with_one_rank(2, 2, false);
+}
+
 int main(int argc, char** argv) {
     MPI_Init(&argc, &argv);
     ::testing::InitGoogleTest(&argc, argv);
