@@ -224,16 +224,16 @@ public:
 
     // group: the TP group's communicator (its size and rank must match tp);
     // null for a single rank. cp_group: the context-parallel group, null for
-    // none; with one, `shape` is this CP rank's (seq_len: its s/cp positions)
-    // and forward takes the tokens at those positions (docs/design.md §9).
+    // none; with one, `shape` is this CP rank's (seq_len: the s/cp positions
+    // it holds) and forward reads those positions of the whole sequences it
+    // is given (docs/design.md §9).
     GPTModel(const GPTConfig& config, const RunShape& shape, const TensorParallelism& tp = {}, Comm* group = nullptr,
              Comm* cp_group = nullptr);
 
-    // inputs, targets [b, s] on the host (the data's order); returns the mean
-    // loss over the b·s tokens. training = false turns dropout off (validation, sampling).
-    // Before each stage, parameters_needed(stage), where set: 0 the
-    // embeddings, l + 1 block l, L + 1 the final LayerNorm and LM head, for
-    // the data-parallel gathers of the parameters that stage reads (§8).
+    // inputs, targets [b, s] on the host (the data's order; under CP the whole
+    // sequences, s = cp · shape.seq_len); returns the mean loss over the b·s tokens. training = false turns dropout off
+    // (validation, sampling). Before each stage, parameters_needed(stage), where set: 0 the embeddings, l + 1 block l,
+    // L + 1 the final LayerNorm and LM head, for the data-parallel gathers of the parameters that stage reads (§8).
     float forward(const int* inputs, const int* targets, const DropoutStep& draw, bool training = true,
                   const std::function<void(int stage)>& parameters_needed = {});
     // Accumulates into grads the gradient of dloss_scale · Σ token losses.
@@ -306,6 +306,7 @@ private:
     std::unique_ptr<ContextParallelMappings<Comm>> cp_qkv_, cp_out_;  // sp2hp / hp2sp of qkv and of the output
     std::unique_ptr<ParallelLinears<Comm, Act>> linears_;
     std::vector<int> host_row_targets_;  // [s, b], staged for the upload
+    std::vector<int> host_cp_inputs_;    // [b, s/cp] under CP: this rank's positions of the inputs
     DropoutStep last_draw_;              // the last forward's draw and dropout probability, for backward
     float last_dropout_ = 0.0f;
     struct GemmWeightCopy {

@@ -517,8 +517,20 @@ float GPTModel<Backend>::forward(const int* inputs, const int* targets, const Dr
     const int N = T * B;
     const int Vp_local = config.padded_vocab_size / tp.size;
     const float p = training ? shape.dropout : 0.0f;
-    for (int b = 0; b < B; b++)  // into the activations' row order, [s, b]
-        for (int t = 0; t < T; t++) host_row_targets_[size_t(t) * B + b] = targets[b * T + t];
+    if (cp.size > 1) {  // this rank's positions of the whole sequences [b, cp·T]
+        const int S = attention_seq();
+        host_cp_inputs_.resize(size_t(N));
+        for (int b = 0; b < B; b++)
+            for (int t = 0; t < T; t++) {
+                const int at = b * S + cp.global_position(t, S);
+                host_cp_inputs_[size_t(b) * T + t] = inputs[at];
+                host_row_targets_[size_t(t) * B + b] = targets[at];
+            }
+        inputs = host_cp_inputs_.data();
+    } else {
+        for (int b = 0; b < B; b++)  // into the activations' row order, [s, b]
+            for (int t = 0; t < T; t++) host_row_targets_[size_t(t) * B + b] = targets[b * T + t];
+    }
     Backend::upload(tokens.inputs, inputs, sizeof(int) * N);
     Backend::upload(tokens.row_targets, host_row_targets_.data(), sizeof(int) * N);
     refresh_gemm_weights();

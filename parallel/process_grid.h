@@ -1,6 +1,15 @@
-// world = dp × tp, tensor-parallel ranks adjacent (ranks 0..t−1 form the
+// world = dp × cp × tp: tensor-parallel ranks adjacent (ranks 0..t−1 form the
 // first TP group), so that on a multi-GPU machine a TP group shares the
-// fastest links.
+// fastest links; then the context-parallel ranks, then the data-parallel
+// ones (Megatron's order: tp innermost).
+//
+//   world rank = (dp_rank · cp + cp_rank) · tp + tp_rank
+//
+// The dp × cp ranks of one tp_rank hold the same parameters (the CP ranks of
+// a replica see other positions of the same sequences) and sum their
+// gradients: that is the replica group, over which the gradient buckets and
+// the distributed optimizer's pieces are cut (Megatron's data-parallel group
+// with context parallelism). The data is read per DP rank.
 #pragma once
 #include <mpi.h>
 
@@ -10,12 +19,13 @@ namespace tpsp {
 
 struct ProcessGrid {
     int world_rank = 0, world_size = 1;
-    int tp = 1, dp = 1;  // group sizes
-    int tp_rank = 0, dp_rank = 0;
-    Communicator tp_group, dp_group;
+    int tp = 1, cp = 1, dp = 1;  // group sizes
+    int tp_rank = 0, cp_rank = 0, dp_rank = 0;
+    int replicas = 1, replica_rank = 0;  // dp · cp, and dp_rank · cp + cp_rank
+    Communicator tp_group, cp_group, dp_group, replica_group;
 };
 
-// Splits MPI_COMM_WORLD; tp must divide the world size (checked by the caller).
-ProcessGrid make_process_grid(int tp);
+// Splits MPI_COMM_WORLD; tp · cp must divide the world size (checked by the caller).
+ProcessGrid make_process_grid(int tp, int cp = 1);
 
 }  // namespace tpsp

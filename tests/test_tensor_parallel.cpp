@@ -586,8 +586,8 @@ TEST(ContextParallel, Sp2hpIsTheWholeSequenceSlicedByHeadsAndHp2spItsInverse) {
 }
 
 // The model under context parallelism against the model of one rank: the
-// world's 4 ranks as groups of t·cp (t innermost, then cp), every rank with
-// the same batch, each CP rank feeding the tokens at its positions. The loss
+// world's 4 ranks as groups of t·cp (t innermost, then cp), every rank given
+// the same whole batch, of which each CP rank reads its positions. The loss
 // (the mean over every position), every gradient (summed over the CP group,
 // the TP shards gathered), and the dropout masks (each rank's slice of the
 // one-rank masks, by global position and head), at dropout 0.1.
@@ -614,16 +614,10 @@ void compare_context_parallel_with_one_rank(int cp, int t, bool sequence_paralle
     const ContextParallelism layout{cp, cp_rank};
     RunShape rank_shape = shape;
     rank_shape.seq_len = layout.local_seq(S);
-    std::vector<int> inputs, targets;  // [b, s/cp]: this rank's positions of every sequence
-    for (int b = 0; b < B; b++)
-        for (int i = 0; i < rank_shape.seq_len; i++) {
-            inputs.push_back(tokens[size_t(b * S + layout.global_position(i, S))]);
-            targets.push_back(tokens[size_t(b * S + layout.global_position(i, S)) + 1]);
-        }
     GPT split(config, rank_shape, {t, tp_rank, sequence_parallel, {}}, &tp_group, &cp_group);
     split.init_random(11);
     split.zero_grad();
-    const float split_loss = split.forward(inputs.data(), targets.data(), draw);
+    const float split_loss = split.forward(tokens.data(), tokens.data() + 1, draw);  // it reads its positions
     split.backward(1.0f / N);
     split.reduce_replicated_grads();
     cp_group.all_reduce_sum(split.grads.wte, size_t(split.num_parameters));

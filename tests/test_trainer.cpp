@@ -457,6 +457,74 @@ TEST(TensorParallelTraining, ACheckpointSavedAtTwoRanksResumesAtOneAndFour) {
     }
 }
 
+// Context parallelism end to end (docs/design.md §9): the same 10 steps at
+// cp = 2 and 4, and cp = 2 × t = 2, dropout 0.1, against one rank. The
+// arithmetic differs from cp = 1 only in the order of fp32 sums (the
+// gradients over the CP ranks, the loss's mean), so 1e-5 relative.
+TEST(ContextParallelTraining, LossesAtCpTwoAndFourEqualOneRank) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not installed";
+    fs::path root = scratch_dir();
+    auto losses = [&](int cp, int t) {
+        fs::path dir = root / ("cp" + std::to_string(cp) + "t" + std::to_string(t));
+        fs::create_directories(dir);
+        Outcome r = run(mpirun(cp * t) + tiny_train(dir, short_run + "train.steps=10 parallel.cp=" +
+                                                             std::to_string(cp) + " parallel.tp=" + std::to_string(t)),
+                        dir);
+        EXPECT_EQ(r.exit_code, 0) << r.err;
+        if (cp > 1) {
+            EXPECT_NE(r.out.find("| CP A2A "), std::string::npos) << "the step line shows the all-to-alls";
+        }
+        return field(dir / "metrics.jsonl", "loss");
+    };
+    const std::vector<std::string> one = losses(1, 1);
+    ASSERT_EQ(one.size(), 10u);
+    for (auto [cp, t] : {std::pair{2, 1}, std::pair{4, 1}, std::pair{2, 2}}) {
+        SCOPED_TRACE("cp=" + std::to_string(cp) + " t=" + std::to_string(t));
+        const std::vector<std::string> split = losses(cp, t);
+        ASSERT_EQ(split.size(), 10u);
+        for (int i = 0; i < 10; i++)
+            EXPECT_NEAR(std::stod(split[i]), std::stod(one[i]), 1e-5 * std::stod(one[i])) << "step " << i + 1;
+    }
+}
+
+// Checkpoints know nothing of cp: saved at cp = 2, resumed at cp = 1 and 4.
+TEST(ContextParallelTraining, ACheckpointSavedAtCpTwoResumesAtCpOneAndFour) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not installed";
+    fs::path root = scratch_dir(), whole = root / "whole";
+    fs::create_directories(whole);
+    const std::string args = short_run + "train.steps=10 checkpoint.every=5 parallel.cp=";
+    ASSERT_EQ(run(mpirun(2) + tiny_train(whole, args + "2"), whole).exit_code, 0);
+    const std::vector<std::string> reference = field(whole / "metrics.jsonl", "loss");
+    ASSERT_EQ(reference.size(), 10u);
+    for (int cp : {1, 4}) {
+        SCOPED_TRACE("resumed at cp=" + std::to_string(cp));
+        fs::path cut = root / ("cp" + std::to_string(cp));
+        fs::create_directories(cut);
+        fs::copy(whole / "ckpt", cut / "ckpt");
+        std::ofstream(cut / "ckpt" / "latest") << "5\n";
+        Outcome r = run(
+            mpirun(cp) + tiny_train(cut, args + std::to_string(cp) + " checkpoint.resume=" + (cut / "ckpt").string()),
+            cut);
+        ASSERT_EQ(r.exit_code, 0) << r.err;
+        const std::vector<std::string> tail = field(cut / "metrics.jsonl", "loss");
+        ASSERT_EQ(tail.size(), 5u);
+        for (int i = 0; i < 5; i++)
+            EXPECT_NEAR(std::stod(tail[i]), std::stod(reference[5 + i]), 1e-5 * std::stod(reference[5 + i]))
+                << "step " << 6 + i;
+    }
+}
+
+TEST(ContextParallelTraining, ALayoutCpCannotCutIsOneConfigLine) {
+    fs::path dir = scratch_dir();
+    for (const std::string& bad : {std::string("parallel.cp=3"), std::string("parallel.cp=2 parallel.cp_comm_type=p2p"),
+                                   std::string("parallel.cp=8 train.seq_len=64")}) {
+        SCOPED_TRACE(bad);
+        Outcome r = run(tiny_train(dir, short_run + bad), dir);
+        EXPECT_NE(r.exit_code, 0);
+        EXPECT_NE(r.err.find("parallel.cp"), std::string::npos) << r.err;
+    }
+}
+
 TEST(TensorParallelTraining, AKilledRankEndsTheRunInsteadOfHanging) {
     if (!have_mpirun()) GTEST_SKIP() << "mpirun not installed";
     fs::path dir = scratch_dir();

@@ -192,6 +192,11 @@ const std::vector<Key>& keys() {
         int_key("parallel.tp", [](Config& c) -> int& { return c.parallel.tp; }, 1, "tensor-parallel size t"),
         bool_key("parallel.sequence_parallel", [](Config& c) -> bool& { return c.parallel.sequence_parallel; },
                  "shard LayerNorm/dropout/residual along the sequence (SP)"),
+        int_key("parallel.cp", [](Config& c) -> int& { return c.parallel.cp; }, 1,
+                "context-parallel size: every sequence cut across cp ranks (world = dp × cp × tp)"),
+        string_key("parallel.cp_comm_type", [](Config& c) -> std::string& { return c.parallel.cp_comm_type; },
+                   {"a2a", "p2p"}, "how attention sees the whole sequence: a2a (sp2hp / hp2sp all-to-alls); "
+                                   "p2p (ring attention) is not built yet"),
         bool_key("parallel.tp_comm_overlap", [](Config& c) -> bool& { return c.parallel.tp_comm_overlap; },
                  "master switch of communication overlap (needs SP); off turns every tp_comm_* off"),
         bool_key("parallel.tp_comm_overlap_ag", [](Config& c) -> bool& { return c.parallel.tp_comm_overlap_ag; },
@@ -347,6 +352,19 @@ void validate(const Config& c, const std::string& where) {
     must_divide("model.channels", c.model.channels);
     must_divide("the padded vocabulary (model.padded_vocab_size)", padded);
     if (c.parallel.sequence_parallel) must_divide("train.seq_len (sequence parallelism shards it)", c.train.seq_len);
+    const int cp = c.parallel.cp;
+    if (cp > 1) {
+        if (c.parallel.cp_comm_type == "p2p")
+            fail("parallel.cp_comm_type", "p2p (ring attention) is not built yet: a2a is");
+        if (c.model.heads % (t * cp) != 0)
+            fail("parallel.cp", "tp · cp = " + std::to_string(t * cp) + " does not divide model.heads = " +
+                                    std::to_string(c.model.heads) + " (a2a gives each rank heads / (tp · cp) heads)");
+        if (c.train.seq_len % (2 * cp * t) != 0)
+            fail("parallel.cp", "2 · cp · tp = " + std::to_string(2 * cp * t) + " does not divide train.seq_len = " +
+                                    std::to_string(c.train.seq_len) + " (2 · cp chunks, each cut again by tp)");
+        if (c.model.attention == "cudnn")
+            fail("parallel.cp", "cp > 1 runs the explicit attention kernels only so far (model.attention: explicit)");
+    }
     if (c.logging.sample_every > 0 && c.model.vocab_size != 256 && c.data.tokenizer.empty())
         fail("data.tokenizer", "logging.sample_every needs the tokenizer file that decodes GPT-2 tokens");
     if (c.parallel.tp_comm_overlap && !c.parallel.sequence_parallel)

@@ -47,6 +47,11 @@ struct Config {
     struct Parallel {
         int tp = 1;
         bool sequence_parallel = true;
+        // Context parallelism (docs/design.md §9): every sequence cut across cp
+        // ranks for the whole model; attention through sp2hp / hp2sp
+        // (cp_comm_type a2a). p2p (ring attention) is not built yet.
+        int cp = 1;
+        std::string cp_comm_type = "a2a";
         // Megatron's communication-overlap switches (docs/design.md §4); the master
         // switch off turns every other off.
         bool tp_comm_overlap = false;

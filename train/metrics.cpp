@@ -81,6 +81,9 @@ void MetricsFile::write(const StepMetrics& m) {
         {"dp_all_gather_bytes", m.dp_bytes.all_gather},
         {"dp_comm_ms", m.dp_comm.total * 1e3},
         {"dp_exposed_comm_ms", m.dp_comm.exposed * 1e3},
+        {"cp_all_to_all_bytes", m.cp_bytes.all_to_all},
+        {"cp_comm_ms", m.cp_comm.total * 1e3},
+        {"cp_exposed_comm_ms", m.cp_comm.exposed * 1e3},
     };
     if (!std::isnan(m.val_loss)) line["val_loss"] = m.val_loss;
     const std::string text = line.dump() + "\n";

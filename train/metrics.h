@@ -19,6 +19,8 @@ struct StepMetrics {
     CommunicationTime comm;     // and how long they took (exposed: waited for)
     CollectiveBytes dp_bytes;   // what the DP group's gradient and parameter collectives moved
     CommunicationTime dp_comm;  // and how long they took (all exposed: they block, §8)
+    CollectiveBytes cp_bytes;   // what the CP group's all-to-alls moved (sp2hp / hp2sp, §9)
+    CommunicationTime cp_comm;  // and how long they took (all exposed: they block)
     float val_loss = NAN;       // NaN where no validation ran at this step
 };
 

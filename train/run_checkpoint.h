@@ -170,7 +170,7 @@ void save_run(const std::string& dir, GPTModel<Backend>& model, const AdamWOptim
         }
         return moment;
     };
-    if (grid.dp_rank != 0) {  // every DP replica holds the same model
+    if (grid.replica_rank != 0) {  // every DP (and CP) replica holds the same model
         if (opt.sharded())
             for (const float* moment : {opt.m, opt.v}) tp_shard_of(moment);  // its part of the DP gathers
         return;

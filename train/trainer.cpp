@@ -24,6 +24,10 @@ int evaluate(const Config& cfg) {
         throw ConfigError(
             "tpsp eval: parallel.tp: evaluation runs at t = 1 (its ranks split the validation batches: data "
             "parallelism)");
+    if (cfg.parallel.cp != 1)
+        throw ConfigError(
+            "tpsp eval: parallel.cp: evaluation runs at cp = 1 (its ranks split the validation batches: data "
+            "parallelism)");
     // evaluation runs on the CPU, whose explicit attention computes what cuDNN's does on the same weights
     GPTConfig gc = cfg.gpt();
     gc.attention = AttentionKernel::explicit_scores;

@@ -209,10 +209,12 @@ template <class Backend>
 void Trainer<Backend>::open_data() {
     int world;
     MPI_Comm_size(MPI_COMM_WORLD, &world);
-    if (world % cfg_.parallel.tp != 0)
-        throw ConfigError("parallel.tp: " + std::to_string(cfg_.parallel.tp) + " does not divide the " +
-                          std::to_string(world) + " ranks launched");
-    grid_ = make_process_grid(cfg_.parallel.tp);
+    const int tp = cfg_.parallel.tp, cp = cfg_.parallel.cp;
+    if (world % (tp * cp) != 0)
+        throw ConfigError(
+            (cp > 1 ? "parallel.cp: tp · cp = " + std::to_string(tp * cp) : "parallel.tp: " + std::to_string(tp)) +
+            " does not divide the " + std::to_string(world) + " ranks launched");
+    grid_ = make_process_grid(tp, cp);
     train_loader_ = std::make_unique<TokenLoader>(cfg_.data.train, shape_.batch, shape_.seq_len, grid_.dp_rank,
                                                   grid_.dp, gpt_.vocab_size);
     if (!cfg_.data.val.empty() && cfg_.train.val_every > 0) {
@@ -230,12 +232,15 @@ void Trainer<Backend>::build() {
     if (!cfg_.checkpoint.init.empty()) check_checkpoint_model(cfg_.checkpoint.init, gpt_);
     runtime_ = std::make_unique<typename Backend::Runtime>(trainer_detail::local_rank());
     tp_comm_ = Backend::make_group(*grid_.tp_group.mpi());
-    dp_comm_ = Backend::make_group(*grid_.dp_group.mpi());
+    // the gradients' and the optimizer's group: every rank holding these parameters (dp × cp)
+    dp_comm_ = Backend::make_group(*grid_.replica_group.mpi());
+    if (grid_.cp > 1) cp_comm_ = Backend::make_group(*grid_.cp_group.mpi());
     tp_comm_->link = {cfg_.parallel.emulated_link_gbps, cfg_.parallel.emulated_link_latency_us};
     dp_comm_->link = tp_comm_->link;  // the one link every group's transfers cross
+    if (cp_comm_) cp_comm_->link = tp_comm_->link;
     if constexpr (Backend::shards_optimizer_state) {
         MPI_Comm gathers;  // the all-gathers start in an order of their own (parallel/dp_reduction.h)
-        MPI_Comm_dup(*grid_.dp_group.mpi(), &gathers);
+        MPI_Comm_dup(*grid_.replica_group.mpi(), &gathers);
         dp_gather_comm_ = Backend::make_group(gathers);
         dp_gather_comm_->link = tp_comm_->link;
     }
@@ -243,6 +248,7 @@ void Trainer<Backend>::build() {
         tracer_.enable(size_t(200000));
         tracer_.fence = Backend::synchronize;  // on a GPU the spans then time the kernels, not their launches
         tp_comm_->tracer = &tracer_;
+        if (cp_comm_) cp_comm_->tracer = &tracer_;  // on the TP row: both are the model's own transfers
         for (Comm* dp : {dp_comm_.get(), dp_gather_comm_.get()})
             if (dp) {
                 dp->tracer = &tracer_;
@@ -250,10 +256,12 @@ void Trainer<Backend>::build() {
             }
     }
     const TensorParallelism tp{grid_.tp, grid_.tp_rank, cfg_.parallel.sequence_parallel, cfg_.overlap()};
-    model_ = std::make_unique<GPTModel<Backend>>(gpt_, shape_, tp, tp_comm_.get());
-    buckets_ = BucketLayout(bucket_units(model_->parameter_specs), cfg_.parallel.bucket_size, grid_.dp);
+    RunShape rank_shape = shape_;  // under CP the model holds s/cp positions of each sequence (§9)
+    rank_shape.seq_len = shape_.seq_len / grid_.cp;
+    model_ = std::make_unique<GPTModel<Backend>>(gpt_, rank_shape, tp, tp_comm_.get(), cp_comm_.get());
+    buckets_ = BucketLayout(bucket_units(model_->parameter_specs), cfg_.parallel.bucket_size, grid_.replicas);
     norm_ranges_ = trainer_detail::norm_ranges(*model_, buckets_);
-    norm_parts_.assign(2 * buckets_.buckets().size() * size_t(grid_.dp), 0.0);  // the step allocates nothing
+    norm_parts_.assign(2 * buckets_.buckets().size() * size_t(grid_.replicas), 0.0);  // the step allocates nothing
     norm_sums_.assign(2 * buckets_.buckets().size(), 0.0);
     const bool distributed = cfg_.parallel.distributed_optimizer;
     if constexpr (Backend::shards_optimizer_state) {
@@ -268,7 +276,7 @@ void Trainer<Backend>::build() {
     const Config::Train& t = cfg_.train;
     optimizer_ = std::make_unique<AdamWOptimizer<Backend>>(
         *model_, AdamWSettings{t.beta1, t.beta2, t.eps, t.weight_decay, t.decay_all}, distributed ? &buckets_ : nullptr,
-        grid_.dp_rank);
+        grid_.replica_rank);
     if (!cfg_.checkpoint.dir.empty() || cfg_.logging.sample_every > 0)
         gatherer_ = std::make_unique<ShardGatherer<Backend>>(*model_, grid_);
     if (cfg_.logging.sample_every > 0) {
@@ -420,11 +428,12 @@ void Trainer<Backend>::print_header() const {
     const GPTConfig& g = gpt_;
     std::printf(
         "model: L=%d a=%d h=%d V=%d (Vp %d) | %.2fM parameters | b=%d s=%d accum=%d | "
-        "ranks %d = dp %d × tp %d%s%s | %s, %d threads per rank | %s %.1f GFLOP/s\n",
+        "ranks %d = dp %d × %stp %d%s%s | %s, %d threads per rank | %s %.1f GFLOP/s\n",
         g.num_layers, g.num_heads, g.channels, g.vocab_size, g.padded_vocab_size, full_parameter_count(g) / 1e6,
-        shape_.batch, shape_.seq_len, cfg_.train.grad_accum, grid_.world_size, grid_.dp, grid_.tp,
+        shape_.batch, shape_.seq_len, cfg_.train.grad_accum, grid_.world_size, grid_.dp,
+        grid_.cp > 1 ? ("cp " + std::to_string(grid_.cp) + " (a2a) × ").c_str() : "", grid_.tp,
         grid_.tp > 1 ? (cfg_.parallel.sequence_parallel ? " (TP+SP)" : " (TP only)") : "",
-        grid_.dp > 1 ? (optimizer_->sharded() ? " (distributed optimizer)" : " (plain DP)") : "", Backend::name,
+        grid_.replicas > 1 ? (optimizer_->sharded() ? " (distributed optimizer)" : " (plain DP)") : "", Backend::name,
         omp_get_max_threads(), Backend::peak_flops_name(), peak_flops_ / 1e9);
     std::printf("kernels: %s\n", Backend::kernels().c_str());
     std::printf("data: %zu train shard(s), %lld batches per epoch\n", train_loader_->num_shards(),
@@ -543,8 +552,8 @@ StepMetrics Trainer<Backend>::train_step(int step) {
     model.zero_grad();
     tp_comm_->bytes = {};
     tp_comm_->time = {};
-    for (Comm* dp : {dp_comm_.get(), dp_gather_comm_.get()})
-        if (dp) dp->bytes = {}, dp->time = {};
+    for (Comm* group : {dp_comm_.get(), dp_gather_comm_.get(), cp_comm_.get()})
+        if (group) group->bytes = {}, group->time = {};
     const float dloss = 1.0f / float(tokens_per_step_);
     double loss = 0.0;
     for (int micro = 0; micro < cfg_.train.grad_accum; micro++) {
@@ -558,8 +567,8 @@ StepMetrics Trainer<Backend>::train_step(int step) {
     }
     model.reduce_replicated_grads();
     reduce_data_parallel_grads();
-    dp_comm_->all_reduce_sum(&loss, 1);
-    loss /= double(cfg_.train.grad_accum) * grid_.dp;
+    dp_comm_->all_reduce_sum(&loss, 1);  // each CP rank's loss is already its replica's
+    loss /= double(cfg_.train.grad_accum) * grid_.replicas;
     const float norm = global_grad_norm();
     // every rank decides alike: a non-finite step is not applied; a caught signal stops the run after this step
     int verdict[2] = {std::isfinite(loss) && std::isfinite(norm) ? 0 : 1, stop_signal_caught()};
@@ -586,6 +595,7 @@ StepMetrics Trainer<Backend>::train_step(int step) {
     m.comm = tp_comm_->time;
     m.dp_bytes = dp_comm_->bytes;
     m.dp_comm = dp_comm_->time;
+    if (cp_comm_) m.cp_bytes = cp_comm_->bytes, m.cp_comm = cp_comm_->time;
     if (dp_gather_comm_) {
         m.dp_bytes.all_gather += dp_gather_comm_->bytes.all_gather;
         m.dp_comm.total += dp_gather_comm_->time.total;
@@ -601,7 +611,7 @@ template <class Backend>
 void Trainer<Backend>::backward_starting_buckets(float dloss) {
     if constexpr (Backend::shards_optimizer_state) {
         reduction_->begin();
-        if (cfg_.parallel.overlap_grad_reduce && grid_.dp > 1) {
+        if (cfg_.parallel.overlap_grad_reduce && grid_.replicas > 1) {
             background_transfers.move_on = [this] { return reduction_->move_on(); };
             model_->backward(dloss, [this](int stage) {
                 reduction_->start_final(stage);
@@ -621,7 +631,7 @@ void Trainer<Backend>::backward_starting_buckets(float dloss) {
 // buckets backward did not start start now; the wait for them is exposed.
 template <class Backend>
 void Trainer<Backend>::reduce_data_parallel_grads() {
-    if (grid_.dp == 1) return;
+    if (grid_.replicas == 1) return;
     if constexpr (Backend::shards_optimizer_state) {
         reduction_->finish();
     } else {
@@ -674,16 +684,16 @@ float Trainer<Backend>::global_grad_norm() {
     std::vector<double>& parts = norm_parts_;  // [dp rank][bucket][sharded, replicated]
     std::vector<double>& summed = norm_sums_;  // [bucket][sharded, replicated]
     const bool own_pieces_only = optimizer_->sharded();
-    for (int q = 0; q < grid_.dp; q++) {
-        if (own_pieces_only && q != grid_.dp_rank) continue;
+    for (int q = 0; q < grid_.replicas; q++) {
+        if (own_pieces_only && q != grid_.replica_rank) continue;
         for (size_t b = 0; b < buckets; b++)
             Backend::square_sums(model_->grads.wte, norm_ranges_[size_t(q)][b], &parts[(size_t(q) * buckets + b) * 2]);
     }
     if (own_pieces_only) {
-        std::copy_n(&parts[size_t(grid_.dp_rank) * 2 * buckets], 2 * buckets, summed.data());
+        std::copy_n(&parts[size_t(grid_.replica_rank) * 2 * buckets], 2 * buckets, summed.data());
         dp_comm_->all_reduce_sum(summed.data(), summed.size());  // in rank order
     } else {
-        sum_in_rank_order(summed.data(), parts.data(), summed.size(), grid_.dp, summed.size());
+        sum_in_rank_order(summed.data(), parts.data(), summed.size(), grid_.replicas, summed.size());
     }
     double sharded = 0.0, replicated = 0.0;
     for (size_t b = 0; b < buckets; b++) sharded += summed[2 * b], replicated += summed[2 * b + 1];
@@ -711,7 +721,10 @@ void Trainer<Backend>::log(const StepMetrics& m, bool last) {
             std::printf(" | AG %.1f RS %.1f AR %.1f MB | comm %.1f ms, exposed %.1f ms", m.bytes.all_gather / 1e6,
                         m.bytes.reduce_scatter / 1e6, m.bytes.all_reduce / 1e6, m.comm.total * 1e3,
                         m.comm.exposed * 1e3);
-        if (grid_.dp > 1)
+        if (grid_.cp > 1)
+            std::printf(" | CP A2A %.1f MB | CP comm %.1f ms, exposed %.1f ms", m.cp_bytes.all_to_all / 1e6,
+                        m.cp_comm.total * 1e3, m.cp_comm.exposed * 1e3);
+        if (grid_.replicas > 1)
             std::printf(" | DP RS %.1f AG %.1f MB | DP comm %.1f ms, exposed %.1f ms", m.dp_bytes.reduce_scatter / 1e6,
                         m.dp_bytes.all_gather / 1e6, m.dp_comm.total * 1e3, m.dp_comm.exposed * 1e3);
         if (has_val) std::printf(" | val loss %.4f", m.val_loss);
@@ -724,7 +737,7 @@ void Trainer<Backend>::log(const StepMetrics& m, bool last) {
 template <class Backend>
 void Trainer<Backend>::sample(int done) {
     parameters_ready();
-    if (grid_.dp_rank != 0) return;
+    if (grid_.replica_rank != 0) return;
     gatherer_->gather(model_->params.wte);  // the whole model, into the sampler's weights on rank 0
     if (grid_.world_rank != 0) return;
     std::printf("sample at step %d: ", done);
