@@ -589,8 +589,9 @@ TEST(ContextParallel, Sp2hpIsTheWholeSequenceSlicedByHeadsAndHp2spItsInverse) {
 // world's 4 ranks as groups of t·cp (t innermost, then cp), every rank given
 // the same whole batch, of which each CP rank reads its positions. The loss
 // (the mean over every position), every gradient (summed over the CP group,
-// the TP shards gathered), and the dropout masks (each rank's slice of the
-// one-rank masks, by global position and head), at dropout 0.1.
+// the TP shards gathered), the dropout masks (each rank's slice of the
+// one-rank masks, by global position and head), at dropout 0.1; and the
+// arena, the paper's formula divided by cp.
 void compare_context_parallel_with_one_rank(int cp, int t, bool sequence_parallel) {
     SCOPED_TRACE("cp=" + std::to_string(cp) + " t=" + std::to_string(t) + (sequence_parallel ? " SP" : " TP only"));
     int world_rank;
@@ -657,6 +658,14 @@ void compare_context_parallel_with_one_rank(int cp, int t, bool sequence_paralle
         }
     }
     EXPECT_EQ(wrong, 0) << "masks that are not the one-rank masks at the same heads and positions";
+
+    // the arena: the paper's per-rank block formula divided by cp, and the tables outside the blocks
+    const int64_t formula = block_activation_formula_bytes(B, S, C, config.num_heads, 4, t, sequence_parallel);
+    ASSERT_EQ(formula % cp, 0);
+    const TensorParallelism tp{t, tp_rank, sequence_parallel, {}};
+    const std::vector<TensorSpec> outside = outside_activation_table(config, rank_shape, tp, &split.outside);
+    EXPECT_EQ(int64_t(split.activation_arena.bytes()),
+              config.num_layers * (formula / cp) + int64_t(table_bytes(outside)));
     MPI_Comm_free(&tp_comm);
     MPI_Comm_free(&cp_comm);
 }
