@@ -69,7 +69,7 @@ static std::string full_recompute_text(const GPTConfig& c, const RunShape& r, in
 // One line: what each recompute mode keeps per rank for the same shape, and
 // the workspace it adds once. Full as configured, or uniform runs of one block.
 static std::string compare_recompute_modes(const GPTConfig& c, const RunShape& r, const TensorParallelism& tp,
-                                           int64_t e) {
+                                           int64_t e, int cp) {
     RunShape none = r, selective = r, full = r;
     none.recompute = Recompute::none;
     selective.recompute = Recompute::selective;
@@ -79,8 +79,8 @@ static std::string compare_recompute_modes(const GPTConfig& c, const RunShape& r
         full.recompute_layers = 1;
     }
     auto mode = [&](const RunShape& shape) {
-        const int64_t workspace = recompute_workspace_formula_bytes(c, shape, tp, e);
-        return recompute_description(shape) + " " + mib(saved_blocks_formula_bytes(c, shape, tp, e)) +
+        const int64_t workspace = recompute_workspace_formula_bytes(c, shape, tp, e) / cp;
+        return recompute_description(shape) + " " + mib(saved_blocks_formula_bytes(c, shape, tp, e) / cp) +
                (workspace ? " (+ " + mib(workspace) + " of workspace, once)" : "");
     };
     return "model.recompute, what the L blocks keep per rank: " + mode(none) + " | " + mode(selective) + " | " +
@@ -88,16 +88,20 @@ static std::string compare_recompute_modes(const GPTConfig& c, const RunShape& r
 }
 
 // Act: float, or uint16_t standing in for bf16 (the same bytes, the same tables).
+// r: the whole sequences; the tables are of a CP rank's s/cp positions, the
+// formulas of the whole sequences divided by cp.
 template <class Act>
 static MemoryReport report(const GPTConfig& c, const RunShape& r, const TensorParallelism& tp,
-                           const Dim& attention_scratch, const char* device) {
+                           const Dim& attention_scratch, const char* device, const ContextParallelism& cp) {
     BlockActivations<Act> block{};
     OutsideActivations<Act> outside{};
     Workspace<Act> workspace{};
     ParameterTensors params{};
-    std::vector<TensorSpec> block_table = block_activation_table(c, r, tp, &block);
-    std::vector<TensorSpec> outside_table = outside_activation_table(c, r, tp, &outside);
-    std::vector<TensorSpec> workspace_table_ = workspace_table(c, r, tp, attention_scratch, &workspace);
+    RunShape rank = r;
+    rank.seq_len = r.seq_len / cp.size;
+    std::vector<TensorSpec> block_table = block_activation_table(c, rank, tp, &block, BlockKeeps::whole_table, cp);
+    std::vector<TensorSpec> outside_table = outside_activation_table(c, rank, tp, &outside);
+    std::vector<TensorSpec> workspace_table_ = workspace_table(c, rank, tp, attention_scratch, &workspace, cp);
     const DType activation = dtype_of<Act>();
     const int64_t e = int64_t(sizeof(Act));
     const bool sp = tp.sequence_parallel || tp.size == 1, dropout = r.dropout > 0.0f;
@@ -105,18 +109,19 @@ static MemoryReport report(const GPTConfig& c, const RunShape& r, const TensorPa
     MemoryReport m;
     m.block_bytes = int64_t(table_bytes(block_table));
     m.block_formula_bytes = block_activation_formula_bytes(r.batch, r.seq_len, c.channels, c.num_heads, e, tp.size, sp,
-                                                           c.attention, r.recompute, dropout);
+                                                           c.attention, r.recompute, dropout) /
+                            cp.size;
     m.blocks_bytes = 0;
     for (int l = 0; l < c.num_layers; l++) {
         BlockActivations<Act> kept{};
         m.blocks_bytes += int64_t(
-            table_bytes(block_activation_table(c, r, tp, &kept, block_keeps(r, c.num_layers, l))));
+            table_bytes(block_activation_table(c, rank, tp, &kept, block_keeps(r, c.num_layers, l), cp)));
     }
-    m.blocks_formula_bytes = saved_blocks_formula_bytes(c, r, tp, e);
+    m.blocks_formula_bytes = saved_blocks_formula_bytes(c, r, tp, e) / cp.size;
     m.recompute_bytes = 0;
     for (const TensorSpec& spec : workspace_table_)
         if (spec.name.rfind("recompute[", 0) == 0) m.recompute_bytes += int64_t(spec.bytes());
-    m.recompute_formula_bytes = recompute_workspace_formula_bytes(c, r, tp, e);
+    m.recompute_formula_bytes = recompute_workspace_formula_bytes(c, r, tp, e) / cp.size;
     m.outside_bytes = int64_t(table_bytes(outside_table));
     m.workspace_bytes = int64_t(table_bytes(workspace_table_));
     m.parameter_bytes = int64_t(table_bytes(parameter_table(c, tp.size, &params)));
@@ -124,13 +129,17 @@ static MemoryReport report(const GPTConfig& c, const RunShape& r, const TensorPa
     char line[512];
     const char* mode = tp.size == 1 ? "one rank" : sp ? "TP+SP" : "TP only";
     std::snprintf(line, sizeof line,
-                  "model: L=%d a=%d h=%d V=%d Vp=%d | run: b=%d s=%d dropout=%g recompute=%s | %s, t=%d, per rank | "
+                  "model: L=%d a=%d h=%d V=%d Vp=%d | run: b=%d s=%d dropout=%g recompute=%s | %s, t=%d%s, per rank | "
                   "%s: %s activations (e=%d)\n\n",
                   c.num_layers, c.num_heads, c.channels, c.vocab_size, c.padded_vocab_size, r.batch, r.seq_len,
-                  r.dropout, recompute_description(r).c_str(), mode, tp.size, device, dtype_name(activation), int(e));
+                  r.dropout, recompute_description(r).c_str(), mode, tp.size,
+                  cp.size > 1 ? (", cp=" + std::to_string(cp.size) + " (each rank s/cp positions)").c_str() : "",
+                  device, dtype_name(activation), int(e));
     m.text = line;
     m.text += format_table("saved activations of one transformer block's whole table:", block_table, activation);
-    const std::string formula = formula_text(tp.size, sp, e, c.attention, r.recompute, dropout);
+    const std::string formula = cp.size > 1
+                                    ? "(" + formula_text(tp.size, sp, e, c.attention, r.recompute, dropout) + ") / cp"
+                                    : formula_text(tp.size, sp, e, c.attention, r.recompute, dropout);
     std::snprintf(line, sizeof line,
                   "\nformula per block: %s = %lld bytes\n"
                   "table per block:   %lld bytes  ->  %s\n",
@@ -159,17 +168,19 @@ static MemoryReport report(const GPTConfig& c, const RunShape& r, const TensorPa
     m.text += line;
     if (c.attention == AttentionKernel::cudnn_fused)
         m.text += "(cuDNN's fused attention keeps no s² tensors: selective recomputes nothing more)\n";
-    m.text += compare_recompute_modes(c, r, tp, e);
+    m.text += compare_recompute_modes(c, r, tp, e, cp.size);
     return m;
 }
 
-MemoryReport memory_report(const GPTConfig& c, const RunShape& r, const TensorParallelism& tp, Device device) {
-    const int64_t b = r.batch, s = r.seq_len, h = c.channels, a = c.num_heads, t = tp.size;
+MemoryReport memory_report(const GPTConfig& c, const RunShape& r, const TensorParallelism& tp, Device device,
+                           const ContextParallelism& cp) {
+    // the attention core's: every position, a/(t·cp) heads
+    const int64_t b = r.batch, s = r.seq_len, h = c.channels, a = c.num_heads, t = int64_t(tp.size) * cp.size;
     if (device == Device::cuda)
-        return report<uint16_t>(c, r, tp, attention_scratch_for(c, cuda_attention_scratch(b, s, h, a, t)), "cuda");
+        return report<uint16_t>(c, r, tp, attention_scratch_for(c, cuda_attention_scratch(b, s, h, a, t)), "cuda", cp);
     if (c.attention == AttentionKernel::cudnn_fused)
         throw std::invalid_argument("model.attention: cudnn is cuDNN's fused attention: it needs the GPU");
-    return report<float>(c, r, tp, CpuBackend::attention_scratch(b, s, h, a, t), "cpu");
+    return report<float>(c, r, tp, CpuBackend::attention_scratch(b, s, h, a, t), "cpu", cp);
 }
 
 }  // namespace tpsp

@@ -28,6 +28,9 @@ struct MemoryReport {
 enum class Device { cpu, cuda };
 
 // Built from the same tables the GPT constructor lays its arenas out from.
-MemoryReport memory_report(const GPTConfig& config, const RunShape& shape, const TensorParallelism& tp, Device device);
+// shape: the whole sequences; under context parallelism (cp) a rank keeps
+// s/cp positions of them, and every formula is divided by cp (§9).
+MemoryReport memory_report(const GPTConfig& config, const RunShape& shape, const TensorParallelism& tp, Device device,
+                           const ContextParallelism& cp = {});
 
 }  // namespace tpsp

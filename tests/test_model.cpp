@@ -295,6 +295,39 @@ TEST(Memory, EveryRanksTableEqualsItsModesFormula) {
     EXPECT_EQ(tp_only - tp_sp, int64_t(3) * 36 * 64 * 18 * 3 / 4);
 }
 
+// Context parallelism (§9): a rank's tables are its s/cp positions and its
+// a/(t·cp) heads over every position, so every formula is the paper's
+// divided by cp: (34·s·b·h/t + 5·a·s²·b/t) / cp at e = 2 with TP+SP. On shapes
+// no config ships, every recompute mode, dropout on and off, SP and TP-only,
+// both dtypes; the tables are the ones the model allocates from.
+TEST(Memory, UnderContextParallelismEveryTableIsTheFormulaDividedByCp) {
+    GPTConfig c;
+    c.num_layers = 3, c.num_heads = 8, c.channels = 64, c.max_seq_len = 96, c.vocab_size = 50, c.padded_vocab_size = 64;
+    for (Device device : {Device::cpu, Device::cuda})
+        for (int cp : {1, 2, 4})
+            for (int t : {1, 2})
+                for (bool sp : {true, false})
+                    for (Recompute recompute : {Recompute::none, Recompute::selective, Recompute::full})
+                        for (float p : {0.0f, 0.1f}) {
+                            SCOPED_TRACE("cp=" + std::to_string(cp) + " t=" + std::to_string(t) +
+                                         " sp=" + std::to_string(sp) + " p=" + std::to_string(p) + " " +
+                                         recompute_description(RunShape{2, 96, p, recompute}) +
+                                         (device == Device::cuda ? " cuda" : " cpu"));
+                            const RunShape shape{2, 96, p, recompute};
+                            const TensorParallelism tp{t, 0, sp, {}};
+                            const MemoryReport whole = memory_report(c, shape, tp, device);
+                            const MemoryReport rank = memory_report(c, shape, tp, device, {cp, 0});
+                            EXPECT_TRUE(rank.equal());
+                            EXPECT_EQ(rank.block_bytes * cp, whole.block_bytes);
+                            EXPECT_EQ(rank.blocks_bytes * cp, whole.blocks_bytes);
+                            EXPECT_EQ(rank.recompute_bytes * cp, whole.recompute_bytes);
+                        }
+    // the paper's form, e = 2, TP+SP, t = 2, cp = 4
+    const int64_t s = 96, b = 2, h = 64, a = 8, t = 2, cp = 4;
+    EXPECT_EQ(memory_report(c, RunShape{2, 96, 0.1f}, {2, 0, true, {}}, Device::cuda, {4, 0}).block_bytes,
+              (34 * s * b * h / t + 5 * a * s * s * b / t) / cp);
+}
+
 // Every recompute mode with dropout and without, at t = 1, 2, 4 with SP and
 // without, for the CPU's tables (e = 4) and the CUDA backend's (e = 2): each
 // table equals its formula; a few closed forms besides, written out here.

@@ -158,7 +158,8 @@ int command_train(const Config& cfg) {
 
 int command_memory(const Config& cfg) {
     const TensorParallelism tp{cfg.parallel.tp, 0, cfg.parallel.sequence_parallel, cfg.overlap()};
-    const MemoryReport report = memory_report(cfg.gpt(), cfg.run_shape(), tp, resolve_device(cfg, false));
+    const MemoryReport report = memory_report(cfg.gpt(), cfg.run_shape(), tp, resolve_device(cfg, false),
+                                              {cfg.parallel.cp, 0});
     std::fputs(report.text.c_str(), stdout);
     std::fputs(model_state_table(cfg.gpt(), cfg.parallel.tp, cfg.parallel.bucket_size).c_str(), stdout);
     return report.equal() ? 0 : 1;
