@@ -466,9 +466,12 @@ TEST(Faults, AStoppedRankEndsTheJobAfterParallelTimeoutInsteadOfHangingIt) {
     if (!have_mpirun()) GTEST_SKIP() << "mpirun not installed, or tpsp built without MPI";
     for (const std::string grid : {"",
                                    " parallel.tp=1 parallel.distributed_optimizer=true "
-                                   "parallel.overlap_grad_reduce=true parallel.overlap_param_gather=true"}) {
-        SCOPED_TRACE(grid.empty() ? "t = 2" : "dp = 2, distributed optimizer, overlap_grad_reduce");
-        expect_a_stopped_rank_named(scratch_dir(), grid);
+                                   "parallel.overlap_grad_reduce=true parallel.overlap_param_gather=true",
+                                   " parallel.tp=1 parallel.cp=2"}) {
+        SCOPED_TRACE(grid.empty()                             ? "t = 2"
+                     : grid.find("cp=2") != std::string::npos ? "cp = 2: the survivor waits in an all-to-all"
+                                                              : "dp = 2, distributed optimizer, overlap_grad_reduce");
+        expect_a_stopped_rank_named(scratch_dir() / std::to_string(grid.size()), grid);
     }
     // three survivors, each timing out in another wait: still one line
     SCOPED_TRACE("4 ranks: t = 2, dp = 2");
