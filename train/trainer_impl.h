@@ -433,8 +433,10 @@ void Trainer<Backend>::print_header() const {
         shape_.batch, shape_.seq_len, cfg_.train.grad_accum, grid_.world_size, grid_.dp,
         grid_.cp > 1 ? ("cp " + std::to_string(grid_.cp) + " (a2a) × ").c_str() : "", grid_.tp,
         grid_.tp > 1 ? (cfg_.parallel.sequence_parallel ? " (TP+SP)" : " (TP only)") : "",
-        optimizer_->sharded() ? " (distributed optimizer)" : grid_.dp > 1 ? " (plain DP)" : "", Backend::name,
-        omp_get_max_threads(), Backend::peak_flops_name(), peak_flops_ / 1e9);
+        optimizer_->sharded() ? " (distributed optimizer)"
+        : grid_.dp > 1        ? " (plain DP)"
+                              : "",
+        Backend::name, omp_get_max_threads(), Backend::peak_flops_name(), peak_flops_ / 1e9);
     std::printf("kernels: %s\n", Backend::kernels().c_str());
     std::printf("data: %zu train shard(s), %lld batches per epoch\n", train_loader_->num_shards(),
                 (long long)train_loader_->batches_per_epoch());
