@@ -487,7 +487,8 @@ TEST(ContextParallelTraining, LossesAtCpTwoAndFourEqualOneRank) {
     }
 }
 
-// Checkpoints know nothing of cp: saved at cp = 2, resumed at cp = 1 and 4.
+// Checkpoints know nothing of cp: saved at cp = 2, resumed at cp = 1 and 4,
+// and evaluated at cp = 1, 2 and 4.
 TEST(ContextParallelTraining, ACheckpointSavedAtCpTwoResumesAtCpOneAndFour) {
     if (!have_mpirun()) GTEST_SKIP() << "mpirun not installed";
     fs::path root = scratch_dir(), whole = root / "whole";
@@ -512,6 +513,20 @@ TEST(ContextParallelTraining, ACheckpointSavedAtCpTwoResumesAtCpOneAndFour) {
             EXPECT_NEAR(std::stod(tail[i]), std::stod(reference[5 + i]), 1e-5 * std::stod(reference[5 + i]))
                 << "step " << 6 + i;
     }
+    // tpsp eval of the cp = 2 run's model at cp = 1, 2 and 4: one validation loss
+    std::vector<float> evaluated;
+    for (int cp : {1, 2, 4}) {
+        Outcome eval = run(mpirun(cp) + tpsp_binary + " eval " + tiny + " data.val='" + corpus +
+                               "/val_*.bin' train.batch_size=8 train.seq_len=64 train.val_batches=2 train.threads=1 "
+                               "parallel.cp=" +
+                               std::to_string(cp) +
+                               " checkpoint.init=" + (whole / "ckpt" / "model_00000010.bin").string(),
+                           whole);
+        ASSERT_EQ(eval.exit_code, 0) << eval.err;
+        evaluated.push_back(printed_val_loss(eval.out));
+    }
+    EXPECT_NEAR(evaluated[1], evaluated[0], 1e-5 * evaluated[0]) << "eval at cp = 2";
+    EXPECT_NEAR(evaluated[2], evaluated[0], 1e-5 * evaluated[0]) << "eval at cp = 4";
 }
 
 TEST(ContextParallelTraining, ALayoutCpCannotCutIsOneConfigLine) {

@@ -24,15 +24,20 @@ int evaluate(const Config& cfg) {
         throw ConfigError(
             "tpsp eval: parallel.tp: evaluation runs at t = 1 (its ranks split the validation batches: data "
             "parallelism)");
-    if (cfg.parallel.cp != 1)
-        throw ConfigError(
-            "tpsp eval: parallel.cp: evaluation runs at cp = 1 (its ranks split the validation batches: data "
-            "parallelism)");
     // evaluation runs on the CPU, whose explicit attention computes what cuDNN's does on the same weights
     GPTConfig gc = cfg.gpt();
     gc.attention = AttentionKernel::explicit_scores;
     const RunShape shape = cfg.run_shape();
-    ProcessGrid grid = make_process_grid(1);
+    // at cp > 1 each sequence is cut across cp ranks (§9): its ranks split the batches over dp = ranks / cp
+    const int cp = cfg.parallel.cp;
+    int world;
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    if (world % cp != 0)
+        throw ConfigError("tpsp eval: parallel.cp: " + std::to_string(cp) + " does not divide the " +
+                          std::to_string(world) + " ranks launched");
+    ProcessGrid grid = make_process_grid(1, cp);
+    RunShape rank_shape = shape;
+    rank_shape.seq_len = shape.seq_len / cp;
     // every rank opens its data and checkpoint before the first collective: a
     // file missing on one rank is its one line, not the others' wait
     std::unique_ptr<TokenLoader> val_loader;
@@ -42,7 +47,7 @@ int evaluate(const Config& cfg) {
                                                    gc.vocab_size);
         val_loader->check_every_shard();  // a bad one is this rank's line, not a wait in the sum
         check_checkpoint_model(cfg.checkpoint.init, gc);
-        model = std::make_unique<GPT>(gc, shape);
+        model = std::make_unique<GPT>(gc, rank_shape, TensorParallelism{}, nullptr, cp > 1 ? &grid.cp_group : nullptr);
         load_checkpoint(*model, cfg.checkpoint.init);
     });
     if (!ready) return 1;
