@@ -53,6 +53,24 @@ struct TpGroup {
     Communicator group;
 };
 
+// Every gradient tensor of `split`, its TP shards gathered on rank 0 of `group`
+// into the whole model's layout, against `one`'s within `tolerance` relative.
+void expect_gathered_gradients(Communicator& group, const GPT& split, const GPT& one, double tolerance) {
+    const int t = group.size();
+    std::vector<float> shards(size_t(split.num_parameters) * t), full(size_t(one.num_parameters));
+    group.gather(split.grads.wte, shards.data(), size_t(split.num_parameters), 0);
+    if (group.rank() != 0) return;
+    for (int r = 0; r < t; r++)
+        copy_parameter_shards(one.config, t, r, full.data(), shards.data() + size_t(r) * split.num_parameters,
+                              ShardDirection::shard_to_full);
+    int64_t at = 0;
+    for (const TensorSpec& spec : one.parameter_specs) {
+        EXPECT_LT(tpsp::testing::relative_error(full.data() + at, one.grads.wte + at, spec.elements()), tolerance)
+            << "gradient of " << spec.name;
+        at += spec.elements();
+    }
+}
+
 void compare_with_one_rank(int t, bool sequence_parallel) {
     SCOPED_TRACE("t=" + std::to_string(t) + (sequence_parallel ? " TP+SP" : " TP only"));
     TpGroup tp_group(t);
@@ -100,20 +118,7 @@ void compare_with_one_rank(int t, bool sequence_parallel) {
                              one.outside.embedding_dropout_mask + size_t(first_row) * C, size_t(rows) * C))
         << "embedding mask";
 
-    // every gradient, the shards gathered into the whole model's layout
-    std::vector<float> shards(size_t(split.num_parameters) * t), full(size_t(one.num_parameters));
-    group.gather(split.grads.wte, shards.data(), size_t(split.num_parameters), 0);
-    if (group.rank() == 0) {
-        for (int r = 0; r < t; r++)
-            copy_parameter_shards(config, t, r, full.data(), shards.data() + size_t(r) * split.num_parameters,
-                                  ShardDirection::shard_to_full);
-        int64_t at = 0;
-        for (const TensorSpec& spec : one.parameter_specs) {
-            EXPECT_LT(tpsp::testing::relative_error(full.data() + at, one.grads.wte + at, spec.elements()), 1e-4)
-                << "gradient of " << spec.name;
-            at += spec.elements();
-        }
-    }
+    expect_gathered_gradients(group, split, one, 1e-4);
 
     // the gradient norm: the shards' squares add up over the group, the replicated tensors count once
     double direct = 0.0;
@@ -624,20 +629,7 @@ void compare_context_parallel_with_one_rank(int cp, int t, bool sequence_paralle
     cp_group.all_reduce_sum(split.grads.wte, size_t(split.num_parameters));
     EXPECT_NEAR(split_loss, one_loss, 1e-6 * one_loss);
 
-    // every gradient, summed over cp, the TP shards gathered into the whole model's layout
-    std::vector<float> shards(size_t(split.num_parameters) * t), full(size_t(one.num_parameters));
-    tp_group.gather(split.grads.wte, shards.data(), size_t(split.num_parameters), 0);
-    if (tp_rank == 0) {
-        for (int r = 0; r < t; r++)
-            copy_parameter_shards(config, t, r, full.data(), shards.data() + size_t(r) * split.num_parameters,
-                                  ShardDirection::shard_to_full);
-        int64_t at = 0;
-        for (const TensorSpec& spec : one.parameter_specs) {
-            EXPECT_LT(tpsp::testing::relative_error(full.data() + at, one.grads.wte + at, spec.elements()), 1e-5)
-                << "gradient of " << spec.name;
-            at += spec.elements();
-        }
-    }
+    expect_gathered_gradients(tp_group, split, one, 1e-5);  // summed over cp above
 
     // the masks: attention by (sequence, head), the others by global position
     const int heads = config.num_heads / (t * cp), first_head = (tp_rank * cp + cp_rank) * heads;
