@@ -46,11 +46,16 @@ struct RankStep {
     std::vector<std::vector<uint8_t>> attention_masks, fc2_masks;
 };
 
+// One step of a rank; with a CP group (cp_group), of a CP rank holding s/cp
+// positions of the same whole batch.
 template <class Backend>
-RankStep one_step(const TensorParallelism& tp, typename Backend::Comm* group, const std::vector<int>& tokens) {
+RankStep one_step(const TensorParallelism& tp, typename Backend::Comm* group, const std::vector<int>& tokens,
+                  typename Backend::Comm* cp_group = nullptr) {
     const GPTConfig config = tpsp::testing::tiny_gpu_config();
-    const int N = shape.batch * shape.seq_len;
-    GPTModel<Backend> model(config, shape, tp, group);
+    const int N = shape.batch * shape.seq_len, cp = cp_group ? cp_group->size() : 1;
+    RunShape rank_shape = shape;
+    rank_shape.seq_len = shape.seq_len / cp;
+    GPTModel<Backend> model(config, rank_shape, tp, group, cp_group);
     model.init_random(42);
     model.zero_grad();
     RankStep step;
@@ -59,8 +64,8 @@ RankStep one_step(const TensorParallelism& tp, typename Backend::Comm* group, co
     model.reduce_replicated_grads();
     step.grads = download_floats(model.grads.wte, model.num_parameters);
     step.parameter_specs = model.parameter_specs;
-    const int64_t scores = int64_t(shape.batch) * (config.num_heads / tp.size) * shape.seq_len * shape.seq_len;
-    const int64_t rows = int64_t(tp.local_seq(shape.seq_len)) * shape.batch;
+    const int64_t scores = int64_t(shape.batch) * (config.num_heads / (tp.size * cp)) * shape.seq_len * shape.seq_len;
+    const int64_t rows = int64_t(tp.local_seq(rank_shape.seq_len)) * shape.batch;
     for (int l = 0; l < config.num_layers; l++) {
         step.attention_masks.push_back(download_bytes(model.blocks[l].attn_dropout_mask, scores));
         step.fc2_masks.push_back(download_bytes(model.blocks[l].fc2_dropout_mask, rows * config.channels));
@@ -176,5 +181,65 @@ TEST_F(CudaTensorParallel, TheOneGpuStandInTrainsTheModelOfOneRank) {
     for (int t : {2, 4}) {
         expect_stand_in_equals_one_rank(one, t, true, rs_pipeline, tokens, "tp_comm_overlap_rs, pipeline");
         expect_stand_in_equals_one_rank(one, t, true, every_pipeline, tokens, "every switch, pipeline");
+    }
+}
+
+// Context parallelism on one GPU (docs/design.md §9): cp = 2 and 4 rank
+// threads (t = 1), the all-to-alls of sp2hp / hp2sp as device copies between
+// them, against t = 1 on the same GPU: the loss and the gradients (summed over
+// the CP ranks) at the tolerances above, and every rank's masks its slice of
+// the one-rank masks, by global head and global position, bit for bit.
+TEST_F(CudaTensorParallel, TheOneGpuStandInRunsContextParallelism) {
+    const GPTConfig config = tpsp::testing::tiny_gpu_config();
+    const std::vector<int> tokens = tpsp::testing::random_tokens(shape.batch * shape.seq_len, config.vocab_size, 77);
+    const RankStep one = one_step<CudaBackend>({}, nullptr, tokens);
+    set_peer_timeout(20);
+    for (int cp : {2, 4}) {
+        SCOPED_TRACE("cp=" + std::to_string(cp));
+        ThreadGroup threads(cp);
+        std::vector<RankStep> ranks(static_cast<size_t>(cp));
+        std::vector<std::thread> threads_of_ranks;
+        for (int r = 0; r < cp; r++)
+            threads_of_ranks.emplace_back([&, r] {
+                try {
+                    gpu::GpuRuntime runtime(0);
+                    CudaThreadCommunicator cp_rank(&threads, r, runtime.context().stream);
+                    ranks[size_t(r)] = one_step<CudaThreadGroupBackend>({}, nullptr, tokens, &cp_rank);
+                } catch (const std::exception& e) {
+                    std::fprintf(stderr, "CP rank %d of %d: %s\n", r, cp, e.what());
+                    std::fflush(stderr);
+                    ADD_FAILURE() << "CP rank " << r << ": " << e.what();
+                }
+            });
+        for (std::thread& rank : threads_of_ranks) rank.join();
+        if (::testing::Test::HasFailure()) return;
+        std::vector<float> summed(one.grads.size(), 0.0f);
+        for (int r = 0; r < cp; r++) {
+            EXPECT_NEAR(ranks[size_t(r)].loss, one.loss, 1e-2 * one.loss) << "rank " << r;
+            for (size_t i = 0; i < summed.size(); i++) summed[i] += ranks[size_t(r)].grads[i];
+        }
+        int64_t at = 0;
+        for (const TensorSpec& spec : one.parameter_specs) {
+            EXPECT_LT(relative_error(summed.data() + at, one.grads.data() + at, spec.elements()), 5e-2)
+                << "gradient of " << spec.name;
+            at += spec.elements();
+        }
+        const int S = shape.seq_len, B = shape.batch, C = config.channels, heads = config.num_heads / cp;
+        int wrong = 0;
+        for (int r = 0; r < cp; r++) {
+            const ContextParallelism layout{cp, r};
+            for (int l = 0; l < config.num_layers; l++) {
+                for (int b = 0; b < B; b++)
+                    wrong += std::memcmp(ranks[size_t(r)].attention_masks[size_t(l)].data() + size_t(b) * heads * S * S,
+                                         one.attention_masks[size_t(l)].data() +
+                                             (size_t(b) * config.num_heads + size_t(r) * heads) * S * S,
+                                         size_t(heads) * S * S) != 0;
+                for (int i = 0; i < layout.local_seq(S); i++)
+                    wrong += std::memcmp(ranks[size_t(r)].fc2_masks[size_t(l)].data() + size_t(i) * B * C,
+                                         one.fc2_masks[size_t(l)].data() + size_t(layout.global_position(i, S)) * B * C,
+                                         size_t(B) * C) != 0;
+            }
+        }
+        EXPECT_EQ(wrong, 0) << "masks that are not the one-rank masks at the same heads and positions";
     }
 }
