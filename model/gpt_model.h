@@ -197,6 +197,9 @@ GPTModel<Backend>::GPTModel(const GPTConfig& c, const RunShape& r, const TensorP
             throw std::invalid_argument("model.attention: cudnn does not run under context parallelism yet");
         if (config.num_heads % (tp.size * cp.size) != 0 || shape.seq_len % (2 * tp.size) != 0)
             throw std::logic_error("GPT: the context-parallel layout does not divide the heads or the positions");
+        if (attention_seq() > config.max_seq_len)
+            throw std::logic_error("GPT: under context parallelism the shape is a CP rank's: cp · seq_len = " +
+                                   std::to_string(attention_seq()) + " positions, more than max_seq_len");
         const int qkv_heads = config.num_heads / tp.size, head_size = config.channels / config.num_heads;
         cp_qkv_ = std::make_unique<ContextParallelMappings<Comm>>(cp_group_, 3, qkv_heads, head_size, attention_seq(),
                                                                   shape.batch);

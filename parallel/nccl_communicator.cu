@@ -228,8 +228,8 @@ void NcclCommunicator::copy_rows(bf16* dst, size_t dst_stride, const bf16* src, 
     gpu::copy_rows_on_stream(compute_stream_, dst, dst_stride, src, src_stride, rows, width);
 }
 
-// Context parallelism's mappings on NCCL, compiled here so that every CUDA
-// build compiles them (the model does not call them yet: docs/design.md §9).
+// Context parallelism's mappings on NCCL, instantiated here so that every
+// CUDA build compiles them whatever the model calls (docs/design.md §9).
 template void ContextParallelMappings<NcclCommunicator>::sequence_to_heads<bf16>(const bf16*, bf16*, bf16*, bf16*);
 template void ContextParallelMappings<NcclCommunicator>::heads_to_sequence<bf16>(const bf16*, bf16*, bf16*, bf16*);
 

@@ -4,7 +4,8 @@
 # steps 3-6. Per cp: the step without a link and on an emulated link, the all-to-alls' time and how
 # much of it was exposed (all of it: cp_comm_type a2a blocks), the bytes each rank sends per step
 # (the all-to-alls' full tensors times (cp - 1)/cp), and the activations one rank keeps (tpsp memory).
-# Then Ulysses' claim: with s and cp grown together, the bytes a rank sends stay the same.
+# Then Ulysses' claim: with s and cp grown together, a rank sends (cp - 1)/cp of tensors that stay
+# the same size (s/cp positions): the bytes a rank sends stay the same up to that factor.
 #   scripts/bench_cp.sh [SEQ_LEN] [GBPS] [LATENCY_US]   (default: 2048, 2 Gbit/s, 5 µs)
 set -euo pipefail
 cd "$(dirname "$0")/.."

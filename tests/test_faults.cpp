@@ -469,7 +469,7 @@ TEST(Faults, AStoppedRankEndsTheJobAfterParallelTimeoutInsteadOfHangingIt) {
                                    "parallel.overlap_grad_reduce=true parallel.overlap_param_gather=true",
                                    " parallel.tp=1 parallel.cp=2"}) {
         SCOPED_TRACE(grid.empty()                             ? "t = 2"
-                     : grid.find("cp=2") != std::string::npos ? "cp = 2: the survivor waits in an all-to-all"
+                     : grid.find("cp=2") != std::string::npos ? "cp = 2, the all-to-alls among the collectives"
                                                               : "dp = 2, distributed optimizer, overlap_grad_reduce");
         expect_a_stopped_rank_named(scratch_dir() / std::to_string(grid.size()), grid);
     }

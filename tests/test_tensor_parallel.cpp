@@ -18,6 +18,7 @@
 #include "parallel/communicator.h"
 #include "parallel/mappings.h"
 #include "parallel/overlap.h"
+#include "parallel/process_grid.h"
 #include "parallel/thread_group.h"
 #include "parallel/trace.h"
 #include "tests/test_support.h"
@@ -534,6 +535,19 @@ TEST(ContextParallel, EachRankHoldsChunkRAndChunkTwoCpMinusOneMinusR) {
     EXPECT_EQ(positions(2, 1, 8), (std::vector<int>{2, 3, 4, 5}));
     EXPECT_EQ(positions(4, 1, 16), (std::vector<int>{2, 3, 12, 13}));
     EXPECT_EQ(positions(1, 0, 4), (std::vector<int>{0, 1, 2, 3}));
+    // an SP shard of a rank's positions as runs of global ones: s = 24, cp = 2, rank 1 holds 6..11 and 12..17
+    const ContextParallelism rank1{2, 1};
+    const auto runs = [&](int first, int count) {
+        std::vector<std::vector<int>> out;
+        const ContextParallelism::PositionRuns r = rank1.runs(first, count, 24);
+        for (int i = 0; i < r.count; i++) out.push_back({r.run[i].offset, r.run[i].count, r.run[i].global_start});
+        return out;
+    };
+    EXPECT_EQ(runs(0, 12), (std::vector<std::vector<int>>{{0, 6, 6}, {6, 6, 12}}));  // both chunks
+    EXPECT_EQ(runs(4, 4), (std::vector<std::vector<int>>{{0, 2, 10}, {2, 2, 12}}));  // across the boundary
+    EXPECT_EQ(runs(6, 3), (std::vector<std::vector<int>>{{0, 3, 12}}));              // inside the second chunk
+    EXPECT_EQ(runs(1, 4), (std::vector<std::vector<int>>{{0, 4, 7}}));               // inside the first
+    EXPECT_EQ(ContextParallelism{}.runs(3, 5, 16).run[0].global_start, 3);           // cp = 1: one run, as given
     // every position is some rank's, once
     std::vector<int> seen(64, 0);
     for (int rank = 0; rank < 4; rank++)
@@ -597,8 +611,9 @@ TEST(ContextParallel, Sp2hpIsTheWholeSequenceSlicedByHeadsAndHp2spItsInverse) {
 // the TP shards gathered), the dropout masks (each rank's slice of the
 // one-rank masks, by global position and head), at dropout 0.1; and the
 // arena, the paper's formula divided by cp.
-void compare_context_parallel_with_one_rank(int cp, int t, bool sequence_parallel) {
-    SCOPED_TRACE("cp=" + std::to_string(cp) + " t=" + std::to_string(t) + (sequence_parallel ? " SP" : " TP only"));
+void compare_context_parallel_with_one_rank(int cp, int t, bool sequence_parallel, const RunShape& shape = ::shape) {
+    SCOPED_TRACE("cp=" + std::to_string(cp) + " t=" + std::to_string(t) + (sequence_parallel ? " SP " : " TP only ") +
+                 recompute_description(shape));
     int world_rank;
     MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
     const int tp_rank = world_rank % t, cp_rank = world_rank / t % cp, replica = world_rank / (t * cp);
@@ -611,7 +626,9 @@ void compare_context_parallel_with_one_rank(int cp, int t, bool sequence_paralle
     const std::vector<int> tokens = tpsp::testing::random_tokens(N, config.vocab_size, 31);
     const DropoutStep draw{5, 2, 0};
 
-    GPT one(config, shape);
+    RunShape whole = shape;  // the reference keeps everything
+    whole.recompute = Recompute::none;
+    GPT one(config, whole);
     one.init_random(11);
     one.zero_grad();
     const float one_loss = one.forward(tokens.data(), tokens.data() + 1, draw);
@@ -647,17 +664,25 @@ void compare_context_parallel_with_one_rank(int cp, int t, bool sequence_paralle
                                  one.blocks[l].fc2_dropout_mask + global, size_t(B) * C) != 0;
             wrong += std::memcmp(split.blocks[l].proj_dropout_mask + size_t(i) * B * C,
                                  one.blocks[l].proj_dropout_mask + global, size_t(B) * C) != 0;
+            if (l == 0)
+                wrong += std::memcmp(split.outside.embedding_dropout_mask + size_t(i) * B * C,
+                                     one.outside.embedding_dropout_mask + global, size_t(B) * C) != 0;
         }
     }
-    EXPECT_EQ(wrong, 0) << "masks that are not the one-rank masks at the same heads and positions";
+    // (recomputation leaves the blocks' masks in the workspace, overwritten block by block)
+    if (shape.recompute == Recompute::none) {
+        EXPECT_EQ(wrong, 0) << "masks that are not the one-rank masks at the same heads and positions";
+    }
 
     // the arena: the paper's per-rank block formula divided by cp, and the tables outside the blocks
     const int64_t formula = block_activation_formula_bytes(B, S, C, config.num_heads, 4, t, sequence_parallel);
     ASSERT_EQ(formula % cp, 0);
     const TensorParallelism tp{t, tp_rank, sequence_parallel, {}};
     const std::vector<TensorSpec> outside = outside_activation_table(config, rank_shape, tp, &split.outside);
-    EXPECT_EQ(int64_t(split.activation_arena.bytes()),
-              config.num_layers * (formula / cp) + int64_t(table_bytes(outside)));
+    if (shape.recompute == Recompute::none) {
+        EXPECT_EQ(int64_t(split.activation_arena.bytes()),
+                  config.num_layers * (formula / cp) + int64_t(table_bytes(outside)));
+    }
     MPI_Comm_free(&tp_comm);
     MPI_Comm_free(&cp_comm);
 }
@@ -667,6 +692,49 @@ TEST(ContextParallel, TheModelOnCpRanksEqualsOneRank) {
     compare_context_parallel_with_one_rank(4, 1, true);
     compare_context_parallel_with_one_rank(2, 2, true);
     compare_context_parallel_with_one_rank(2, 2, false);
+    // recomputation repeats the all-to-alls (full) or rebuilds S' and S over every position (selective)
+    for (const RunShape& recompute : {RunShape{3, 16, 0.1f, Recompute::selective},
+                                      RunShape{3, 16, 0.1f, Recompute::full, RecomputeMethod::uniform, 1},
+                                      RunShape{3, 16, 0.1f, Recompute::full, RecomputeMethod::block, 2}}) {
+        compare_context_parallel_with_one_rank(2, 1, true, recompute);
+        compare_context_parallel_with_one_rank(2, 2, true, recompute);
+    }
+}
+
+// The process grid: world rank = (dp_rank · cp + cp_rank) · tp + tp_rank, and
+// each group holds the ranks that share every other index.
+TEST(ContextParallel, TheGridPutsTpInnermostThenCpThenDp) {
+    int world_rank;
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    for (auto [tp, cp] : {std::pair{1, 2}, std::pair{2, 2}, std::pair{1, 4}, std::pair{2, 1}}) {
+        SCOPED_TRACE("tp=" + std::to_string(tp) + " cp=" + std::to_string(cp));
+        ProcessGrid g = make_process_grid(tp, cp);
+        EXPECT_EQ(g.dp, 4 / (tp * cp));
+        EXPECT_EQ(world_rank, (g.dp_rank * cp + g.cp_rank) * tp + g.tp_rank);
+        EXPECT_EQ(g.replicas, g.dp * cp);
+        EXPECT_EQ(g.replica_rank, g.dp_rank * cp + g.cp_rank);
+        // each group's ranks: every rank offers its world rank, the group gathers them
+        auto members = [&](Communicator& group) {
+            std::vector<float> all(size_t(group.size()));
+            const float me = float(world_rank);
+            group.gather(&me, all.data(), 1, 0);
+            int count = group.size();
+            MPI_Bcast(all.data(), count, MPI_FLOAT, 0, *group.mpi());
+            return all;
+        };
+        std::vector<float> expected;
+        for (int r = 0; r < tp; r++) expected.push_back(float((g.dp_rank * cp + g.cp_rank) * tp + r));
+        EXPECT_EQ(members(g.tp_group), expected) << "TP group";
+        expected.clear();
+        for (int r = 0; r < cp; r++) expected.push_back(float((g.dp_rank * cp + r) * tp + g.tp_rank));
+        EXPECT_EQ(members(g.cp_group), expected) << "CP group";
+        expected.clear();
+        for (int r = 0; r < g.dp; r++) expected.push_back(float((r * cp + g.cp_rank) * tp + g.tp_rank));
+        EXPECT_EQ(members(g.dp_group), expected) << "DP group";
+        expected.clear();
+        for (int r = 0; r < g.replicas; r++) expected.push_back(float(r * tp + g.tp_rank));
+        EXPECT_EQ(members(g.replica_group), expected) << "replica group, in replica rank order";
+    }
 }
 
 int main(int argc, char** argv) {

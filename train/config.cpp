@@ -359,9 +359,14 @@ void validate(const Config& c, const std::string& where) {
         if (c.model.heads % (t * cp) != 0)
             fail("parallel.cp", "tp · cp = " + std::to_string(t * cp) + " does not divide model.heads = " +
                                     std::to_string(c.model.heads) + " (a2a gives each rank heads / (tp · cp) heads)");
+        // (stricter than TP-only needs, where tp does not cut positions: one rule for both modes)
         if (c.train.seq_len % (2 * cp * t) != 0)
             fail("parallel.cp", "2 · cp · tp = " + std::to_string(2 * cp * t) + " does not divide train.seq_len = " +
-                                    std::to_string(c.train.seq_len) + " (2 · cp chunks, each cut again by tp)");
+                                    std::to_string(c.train.seq_len) + " (2 · cp chunks of positions, cut by tp)");
+        if (c.train.device == "cuda")
+            fail("parallel.cp",
+                 "cp > 1 on the GPU has run only in the one-GPU stand-in's tests (the NCCL "
+                 "all-to-all has not run): train.device: cpu");
         if (c.model.attention == "cudnn")
             fail("parallel.cp", "cp > 1 runs the explicit attention kernels only so far (model.attention: explicit)");
     }

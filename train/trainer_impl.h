@@ -256,6 +256,10 @@ void Trainer<Backend>::build() {
             }
     }
     const TensorParallelism tp{grid_.tp, grid_.tp_rank, cfg_.parallel.sequence_parallel, cfg_.overlap()};
+    if (grid_.cp > 1 && !std::is_same_v<Backend, CpuBackend>)  // train.device: auto chose the GPU
+        throw ConfigError(
+            "parallel.cp: cp > 1 on the GPU has run only in the one-GPU stand-in's tests (the NCCL "
+            "all-to-all has not run): train.device: cpu");
     RunShape rank_shape = shape_;  // under CP the model holds s/cp positions of each sequence (§9)
     rank_shape.seq_len = shape_.seq_len / grid_.cp;
     model_ = std::make_unique<GPTModel<Backend>>(gpt_, rank_shape, tp, tp_comm_.get(), cp_comm_.get());
@@ -683,7 +687,7 @@ void Trainer<Backend>::parameters_ready() {
 template <class Backend>
 float Trainer<Backend>::global_grad_norm() {
     const size_t buckets = buckets_.buckets().size();
-    std::vector<double>& parts = norm_parts_;  // [dp rank][bucket][sharded, replicated]
+    std::vector<double>& parts = norm_parts_;  // [replica rank (dp × cp)][bucket][sharded, replicated]
     std::vector<double>& summed = norm_sums_;  // [bucket][sharded, replicated]
     const bool own_pieces_only = optimizer_->sharded();
     for (int q = 0; q < grid_.replicas; q++) {
