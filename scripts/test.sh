@@ -60,9 +60,13 @@ ctest --test-dir build-asan -L unit --output-on-failure -j"$jobs"
 # (but not TensorParallelTraining.EveryOverlapSwitchLeavesTheLossesUnchanged: 4+ minutes under
 # ASan, while tensor_parallel_equals_one_rank runs every switch in-process under ASan, and the
 # plain build runs that end-to-end test above; nor the end-to-end ContextParallelTraining runs,
-# whose model and mappings tensor_parallel_equals_one_rank runs in-process under ASan too)
-phase "sanitized mpi tests (ctest -L mpi, less the end-to-end overlap and context-parallel sweeps)"
-ctest --test-dir build-asan -L mpi -E 'EveryOverlapSwitchLeavesTheLossesUnchanged|ContextParallelTraining' \
+# whose model and mappings tensor_parallel_equals_one_rank runs in-process under ASan too; nor
+# DataParallelTraining.EveryDataParallelModeTrainsTheBitsOfPlainDataParallelism: 4 minutes under
+# ASan, while the distributed optimizer's resume test and the fault tests with both DP overlap
+# switches run the same code paths under ASan here, and the plain build runs the bits test above)
+phase "sanitized mpi tests (ctest -L mpi, less the end-to-end overlap, DP-bits and context-parallel sweeps)"
+ctest --test-dir build-asan -L mpi \
+  -E 'EveryOverlapSwitchLeavesTheLossesUnchanged|EveryDataParallelModeTrainsTheBitsOfPlainDataParallelism|ContextParallelTraining' \
   --output-on-failure -j"$jobs"
 
 phase "fuzz targets (scripts/fuzz.sh 15: clang, libFuzzer, ASan+UBSan; 15 s each on its seed corpus)"
