@@ -148,14 +148,16 @@ inline void commit_pair(AtomicFile& model_file, AtomicFile& state, const std::st
 }
 
 // Saves step `step` into dir: the model file, the state file, then `latest`.
-// Collective over the TP group of dp rank 0; world rank 0 writes. Weights or
+// Collective over the TP group of replica 0 (dp rank 0, cp rank 0: every
+// replica holds the same model); world rank 0 writes. Weights or
 // moments that are not finite are never written: the two files are
 // committed under their names together, once both are whole and finite. The
 // writer's first error (a FileError) is thrown after the last gather, so
 // that no rank of the group is left waiting in one.
 // With the distributed optimizer the moments are first assembled from the
-// DP ranks' pieces (dp_group, collective over it): the file holds the whole
-// state, whatever dp and the optimizer, and resumes under any.
+// replicas' pieces (dp_group: the replica group, dp × cp; collective over
+// it): the file holds the whole state, whatever dp, cp and the optimizer,
+// and resumes under any.
 template <class Backend>
 void save_run(const std::string& dir, GPTModel<Backend>& model, const AdamWOptimizer<Backend>& opt, ProcessGrid& grid,
               ShardGatherer<Backend>& gatherer, int step, const DataPosition& data, typename Backend::Comm& dp_group) {
