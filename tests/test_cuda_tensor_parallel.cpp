@@ -16,6 +16,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -73,30 +74,32 @@ RankStep one_step(const TensorParallelism& tp, typename Backend::Comm* group, co
     return step;
 }
 
-// t rank threads on this GPU, each with its own GpuRuntime; false where a rank failed.
-bool stand_in_steps(int t, bool sequence_parallel, const OverlapSettings& overlap, const std::vector<int>& tokens,
+// n rank threads on this GPU, each with its own GpuRuntime and its rank of
+// one group of n (step(rank, its communicator) makes its RankStep); false
+// where a rank failed.
+bool stand_in_steps(int n, const std::function<RankStep(int, CudaThreadCommunicator*)>& step,
                     std::vector<RankStep>* steps_out) {
     set_peer_timeout(20);  // a rank that throws ends the process after 20 s, not the default 300
-    ThreadGroup threads(t);
-    std::vector<RankStep> steps(static_cast<size_t>(t));
-    std::vector<std::string> errors(static_cast<size_t>(t));
+    ThreadGroup threads(n);
+    std::vector<RankStep> steps(static_cast<size_t>(n));
+    std::vector<std::string> errors(static_cast<size_t>(n));
     std::vector<std::thread> ranks;
-    for (int r = 0; r < t; r++)
+    for (int r = 0; r < n; r++)
         ranks.emplace_back([&, r] {
             try {
                 gpu::GpuRuntime runtime(0);
                 CudaThreadCommunicator rank(&threads, r, runtime.context().stream);
-                steps[size_t(r)] = one_step<CudaThreadGroupBackend>({t, r, sequence_parallel, overlap}, &rank, tokens);
+                steps[size_t(r)] = step(r, &rank);
             } catch (const std::exception& e) {
                 // said at once: a rank that throws leaves the others at the barrier, which ends the process
-                std::fprintf(stderr, "rank %d of %d: %s\n", r, t, e.what());
+                std::fprintf(stderr, "rank %d of %d: %s\n", r, n, e.what());
                 std::fflush(stderr);
                 errors[size_t(r)] = e.what();
             }
         });
     for (std::thread& rank : ranks) rank.join();
     bool ok = true;
-    for (int r = 0; r < t; r++) {
+    for (int r = 0; r < n; r++) {
         EXPECT_EQ(errors[size_t(r)], "") << "rank " << r;
         ok = ok && errors[size_t(r)].empty();
     }
@@ -109,7 +112,10 @@ void expect_stand_in_equals_one_rank(const RankStep& one, int t, bool sequence_p
     SCOPED_TRACE("t=" + std::to_string(t) + (sequence_parallel ? " TP+SP " : " TP only ") + what);
     const GPTConfig config = tpsp::testing::tiny_gpu_config();
     std::vector<RankStep> ranks;
-    if (!stand_in_steps(t, sequence_parallel, overlap, tokens, &ranks)) return;
+    const auto tp_rank = [&](int r, CudaThreadCommunicator* rank) {
+        return one_step<CudaThreadGroupBackend>({t, r, sequence_parallel, overlap}, rank, tokens);
+    };
+    if (!stand_in_steps(t, tp_rank, &ranks)) return;
 
     // every rank's loss is the whole batch's
     for (int r = 0; r < t; r++) EXPECT_NEAR(ranks[size_t(r)].loss, one.loss, 1e-2 * one.loss) << "rank " << r;
@@ -193,26 +199,13 @@ TEST_F(CudaTensorParallel, TheOneGpuStandInRunsContextParallelism) {
     const GPTConfig config = tpsp::testing::tiny_gpu_config();
     const std::vector<int> tokens = tpsp::testing::random_tokens(shape.batch * shape.seq_len, config.vocab_size, 77);
     const RankStep one = one_step<CudaBackend>({}, nullptr, tokens);
-    set_peer_timeout(20);
     for (int cp : {2, 4}) {
         SCOPED_TRACE("cp=" + std::to_string(cp));
-        ThreadGroup threads(cp);
-        std::vector<RankStep> ranks(static_cast<size_t>(cp));
-        std::vector<std::thread> threads_of_ranks;
-        for (int r = 0; r < cp; r++)
-            threads_of_ranks.emplace_back([&, r] {
-                try {
-                    gpu::GpuRuntime runtime(0);
-                    CudaThreadCommunicator cp_rank(&threads, r, runtime.context().stream);
-                    ranks[size_t(r)] = one_step<CudaThreadGroupBackend>({}, nullptr, tokens, &cp_rank);
-                } catch (const std::exception& e) {
-                    std::fprintf(stderr, "CP rank %d of %d: %s\n", r, cp, e.what());
-                    std::fflush(stderr);
-                    ADD_FAILURE() << "CP rank " << r << ": " << e.what();
-                }
-            });
-        for (std::thread& rank : threads_of_ranks) rank.join();
-        if (::testing::Test::HasFailure()) return;
+        std::vector<RankStep> ranks;
+        const auto cp_rank = [&](int, CudaThreadCommunicator* rank) {
+            return one_step<CudaThreadGroupBackend>({}, nullptr, tokens, rank);
+        };
+        if (!stand_in_steps(cp, cp_rank, &ranks)) return;
         std::vector<float> summed(one.grads.size(), 0.0f);
         for (int r = 0; r < cp; r++) {
             EXPECT_NEAR(ranks[size_t(r)].loss, one.loss, 1e-2 * one.loss) << "rank " << r;
