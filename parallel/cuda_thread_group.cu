@@ -1,8 +1,8 @@
 #include "parallel/cuda_thread_group.h"
 
+#include <array>
 #include <stdexcept>
 #include <string>
-#include <vector>
 
 #include "parallel/device_buffer_work.h"
 
@@ -72,7 +72,7 @@ CudaThreadCommunicator::Transfer CudaThreadCommunicator::start_reduce_scatter(co
     }
     bytes.reduce_scatter += int64_t(count) * size_ * int64_t(sizeof(bf16));
     const double started = offer(full, name);
-    std::vector<const bf16*> blocks(static_cast<size_t>(size_));
+    std::array<const bf16*, gpu::max_reduced_ranks> blocks{};  // on the stack: a step allocates nothing
     for (int q = 0; q < size_; q++) blocks[size_t(q)] = offered<bf16>(q) + size_t(rank_) * count;
     gpu::reduce_on_stream(stream_, shard, blocks.data(), size_, count, false);
     finish(name, started);
@@ -106,7 +106,7 @@ void CudaThreadCommunicator::all_reduce(T* data, size_t count, bool maximum) {
     if (size_ == 1) return;
     bytes.all_reduce += int64_t(count * sizeof(T));
     const double started = offer(data, "all-reduce");
-    std::vector<const T*> inputs(static_cast<size_t>(size_));
+    std::array<const T*, gpu::max_reduced_ranks> inputs{};
     for (int q = 0; q < size_; q++) inputs[size_t(q)] = offered<T>(q);
     T* result = static_cast<T*>(scratch(count * sizeof(T)));
     gpu::reduce_on_stream(stream_, result, inputs.data(), size_, count, maximum);
