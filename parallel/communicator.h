@@ -104,6 +104,8 @@ public:
     int rank() const { return rank_; }
     int size() const { return size_; }
     MPI_Comm* mpi() { return &comm_; }
+    // the group for host buffers: itself (NcclCommunicator's is its MPI twin)
+    Communicator& host() { return *this; }
 
     // Blocking collectives.
     // full [size · count] = concatenation of every rank's shard [count]

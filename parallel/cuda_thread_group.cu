@@ -79,6 +79,46 @@ CudaThreadCommunicator::Transfer CudaThreadCommunicator::start_reduce_scatter(co
     return {};
 }
 
+// data's block rank_ = Σ over the ranks q of rank q's data's block rank_, in
+// rank order, summed into the scratch and copied over the block once no rank
+// reads it any more
+CudaThreadCommunicator::Transfer CudaThreadCommunicator::start_reduce_scatter_blocks(float* data,
+                                                                                     const std::vector<int>& counts,
+                                                                                     const std::vector<int>& offsets,
+                                                                                     const char* name) {
+    if (size_ == 1) return {};
+    for (int c : counts) bytes.reduce_scatter += int64_t(c) * int64_t(sizeof(float));
+    const double started = offer(data, name);
+    const size_t at = size_t(offsets[size_t(rank_)]), count = size_t(counts[size_t(rank_)]);
+    std::array<const float*, gpu::max_reduced_ranks> blocks{};
+    for (int q = 0; q < size_; q++) blocks[size_t(q)] = offered<float>(q) + at;
+    float* sum = static_cast<float*>(scratch(count * sizeof(float)));
+    gpu::reduce_on_stream(stream_, sum, blocks.data(), size_, count, false);
+    finish(name, started);
+    check_cuda(cudaMemcpyAsync(data + at, sum, count * sizeof(float), cudaMemcpyDeviceToDevice, stream_), name);
+    return {};
+}
+
+// data's block q = rank q's data's block q, for every q (each rank reads only
+// the others' own blocks, which nobody writes)
+CudaThreadCommunicator::Transfer CudaThreadCommunicator::start_all_gather_blocks(float* data,
+                                                                                 const std::vector<int>& counts,
+                                                                                 const std::vector<int>& offsets,
+                                                                                 const char* name) {
+    if (size_ == 1) return {};
+    for (int c : counts) bytes.all_gather += int64_t(c) * int64_t(sizeof(float));
+    const double started = offer(data, name);
+    for (int q = 0; q < size_; q++) {
+        if (q == rank_) continue;
+        const size_t at = size_t(offsets[size_t(q)]);
+        check_cuda(cudaMemcpyAsync(data + at, offered<float>(q) + at, size_t(counts[size_t(q)]) * sizeof(float),
+                                   cudaMemcpyDeviceToDevice, stream_),
+                   name);
+    }
+    finish(name, started);
+    return {};
+}
+
 // receive's block q = rank q's send's block rank_
 void CudaThreadCommunicator::all_to_all(const bf16* send, bf16* receive, size_t count) {
     if (size_ == 1) {

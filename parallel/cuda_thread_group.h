@@ -29,6 +29,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <vector>
 
 #include "common/bf16.h"
 #include "parallel/communicator.h"
@@ -65,6 +66,12 @@ public:
                         Transfer* sent, Transfer* received);
     Transfer start_all_gather(const bf16* shard, bf16* full, size_t count, const char* name);
     Transfer start_reduce_scatter(const bf16* full, bf16* shard, size_t count, const char* name);
+    // the data-parallel buckets' collectives on fp32 gradients and parameters,
+    // on blocks of uneven size (communicator.h): sums in rank order
+    Transfer start_reduce_scatter_blocks(float* data, const std::vector<int>& counts, const std::vector<int>& offsets,
+                                         const char* name);
+    Transfer start_all_gather_blocks(float* data, const std::vector<int>& counts, const std::vector<int>& offsets,
+                                     const char* name);
     bool test(Transfer&) { return true; }
     void wait(Transfer&) {}
 

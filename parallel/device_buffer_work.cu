@@ -69,6 +69,20 @@ void reduce_on_stream(cudaStream_t stream, T* out, const T* const* inputs, int r
     check(cudaGetLastError(), "reduce over the ranks");
 }
 
+__global__ void sum_blocks_kernel(float* out, const float* blocks, int ranks, size_t count) {
+    const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= count) return;
+    float acc = blocks[i];
+    for (int q = 1; q < ranks; q++) acc += blocks[size_t(q) * count + i];
+    out[i] = acc;
+}
+
+void sum_blocks_on_stream(cudaStream_t stream, float* out, const float* blocks, int ranks, size_t count) {
+    if (count == 0) return;
+    sum_blocks_kernel<<<blocks_for(count), buffer_threads, 0, stream>>>(out, blocks, ranks, count);
+    check(cudaGetLastError(), "sum of the ranks' blocks");
+}
+
 template void reduce_on_stream<bf16>(cudaStream_t, bf16*, const bf16* const*, int, size_t, bool);
 template void reduce_on_stream<float>(cudaStream_t, float*, const float* const*, int, size_t, bool);
 

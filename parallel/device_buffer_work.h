@@ -28,4 +28,9 @@ constexpr int max_reduced_ranks = 8;
 template <class T>
 void reduce_on_stream(cudaStream_t stream, T* out, const T* const* inputs, int ranks, size_t count, bool maximum);
 
+// out [count] = Σ blocks [q · count …] over q = 0 … ranks − 1, left to right
+// in fp32 (Communicator's sum_in_rank_order on the device: the data-parallel
+// reduce-scatter over NCCL, any number of ranks). out may not overlap blocks.
+void sum_blocks_on_stream(cudaStream_t stream, float* out, const float* blocks, int ranks, size_t count);
+
 }  // namespace tpsp::gpu

@@ -22,9 +22,12 @@ static void check_nccl(ncclResult_t result, const char* what) {
     if (result != ncclSuccess) throw std::runtime_error(std::string(what) + ": " + ncclGetErrorString(result));
 }
 
-// This group's completion events, reused in turn: a schedule has at most
-// four transfers of a group in flight, so an event is long complete before
-// it comes round again. Each communicator has its own: groups do not share.
+// This group's completion events, reused in turn. A TP schedule has at most
+// four transfers of a group in flight; the data-parallel buckets can have
+// more than 32 (GPT-2 124M has 60). An event recorded again stands for a
+// later point of the same communication stream, so a transfer still holding
+// it can only see its completion late, never early: reuse is safe. Each
+// communicator has its own: groups do not share.
 cudaEvent_t NcclCommunicator::next_event() {
     cudaEvent_t& event = events_[next_event_];
     next_event_ = (next_event_ + 1) % events_.size();
@@ -91,6 +94,7 @@ NcclCommunicator::~NcclCommunicator() {
     if (nccl_) ncclCommDestroy(nccl_);
     if (comm_stream_) cudaStreamDestroy(comm_stream_);
     if (compute_ready_) cudaEventDestroy(compute_ready_);
+    if (block_scratch_) cudaFree(block_scratch_);
     for (cudaEvent_t event : events_)
         if (event) cudaEventDestroy(event);
 }
@@ -163,6 +167,64 @@ NcclTransfer NcclCommunicator::start_reduce_scatter(const bf16* full, bf16* shar
     bytes.reduce_scatter += int64_t(count) * size() * int64_t(sizeof(bf16));
     after_compute();
     check_nccl(ncclReduceScatter(full, shard, count, ncclBfloat16, ncclSum, nccl_, comm_stream_), "ncclReduceScatter");
+    return finish_enqueue(name, true);
+}
+
+// Grown in the first step (a bucket at most): the stream drains before the old buffer goes.
+float* NcclCommunicator::block_scratch(size_t count) {
+    if (count > block_scratch_count_) {
+        check_cuda(cudaStreamSynchronize(comm_stream_), "the reduce-scatter's scratch");
+        if (block_scratch_) check_cuda(cudaFree(block_scratch_), "cudaFree");
+        block_scratch_ = nullptr;
+        check_cuda(cudaMalloc(&block_scratch_, count * sizeof(float)), "cudaMalloc of the reduce-scatter's scratch");
+        block_scratch_count_ = count;
+    }
+    return block_scratch_;
+}
+
+// data's block rank() = Σ over the ranks q of rank q's data's block rank(), in
+// rank order: each rank's copy arrives in slot q of the scratch [size, count],
+// this rank's own copied there, and one kernel adds the slots up over the
+// block, all on the communication stream. Reusing the one scratch is safe:
+// the stream runs the next transfer's receives after this one's sum.
+NcclTransfer NcclCommunicator::start_reduce_scatter_blocks(float* data, const std::vector<int>& counts,
+                                                           const std::vector<int>& offsets, const char* name) {
+    if (!nccl_) return {};  // a group of one: its block is the sum
+    for (int c : counts) bytes.reduce_scatter += int64_t(c) * int64_t(sizeof(float));
+    const size_t at = size_t(offsets[size_t(rank())]), count = size_t(counts[size_t(rank())]);
+    float* slots = block_scratch(size_t(size()) * count);
+    after_compute();
+    check_cuda(cudaMemcpyAsync(slots + size_t(rank()) * count, data + at, count * sizeof(float),
+                               cudaMemcpyDeviceToDevice, comm_stream_),
+               name);
+    check_nccl(ncclGroupStart(), "ncclGroupStart");
+    for (int q = 0; q < size(); q++) {
+        if (q == rank()) continue;
+        check_nccl(ncclSend(data + offsets[size_t(q)], size_t(counts[size_t(q)]), ncclFloat32, q, nccl_, comm_stream_),
+                   "ncclSend");
+        check_nccl(ncclRecv(slots + size_t(q) * count, count, ncclFloat32, q, nccl_, comm_stream_), "ncclRecv");
+    }
+    check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+    gpu::sum_blocks_on_stream(comm_stream_, data + at, slots, size(), count);
+    return finish_enqueue(name, true);
+}
+
+// data's block q = rank q's data's block q, for every q: this rank's block
+// to every other rank, theirs into place, in one NCCL group.
+NcclTransfer NcclCommunicator::start_all_gather_blocks(float* data, const std::vector<int>& counts,
+                                                       const std::vector<int>& offsets, const char* name) {
+    if (!nccl_) return {};
+    for (int c : counts) bytes.all_gather += int64_t(c) * int64_t(sizeof(float));
+    const float* mine = data + offsets[size_t(rank())];
+    after_compute();
+    check_nccl(ncclGroupStart(), "ncclGroupStart");
+    for (int q = 0; q < size(); q++) {
+        if (q == rank()) continue;
+        check_nccl(ncclSend(mine, size_t(counts[size_t(rank())]), ncclFloat32, q, nccl_, comm_stream_), "ncclSend");
+        check_nccl(ncclRecv(data + offsets[size_t(q)], size_t(counts[size_t(q)]), ncclFloat32, q, nccl_, comm_stream_),
+                   "ncclRecv");
+    }
+    check_nccl(ncclGroupEnd(), "ncclGroupEnd");
     return finish_enqueue(name, true);
 }
 

@@ -30,6 +30,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/bf16.h"
 #include "parallel/communicator.h"
@@ -63,6 +64,8 @@ public:
     int rank() const { return host_.rank(); }
     int size() const { return host_.size(); }
     MPI_Comm* mpi() { return host_.mpi(); }
+    // the same group over MPI, for host buffers (checkpoints)
+    Communicator& host() { return host_; }
 
     // Blocking with respect to the compute stream (not the host).
     void all_gather(const bf16* shard, bf16* full, size_t count);
@@ -82,6 +85,16 @@ public:
                         Transfer* sent, Transfer* received);
     Transfer start_all_gather(const bf16* shard, bf16* full, size_t count, const char* name);
     Transfer start_reduce_scatter(const bf16* full, bf16* shard, size_t count, const char* name);
+    // The data-parallel buckets' collectives on fp32 device buffers, on blocks
+    // of uneven size, as Communicator's: the reduce-scatter moves every rank's
+    // copy of this rank's block into a scratch by grouped sends and receives,
+    // then sums them in rank order (gpu::sum_blocks_on_stream), so its bits
+    // are the CPU's whatever algorithm NCCL would pick. counts and offsets
+    // are read while the call enqueues.
+    Transfer start_reduce_scatter_blocks(float* data, const std::vector<int>& counts, const std::vector<int>& offsets,
+                                         const char* name);
+    Transfer start_all_gather_blocks(float* data, const std::vector<int>& counts, const std::vector<int>& offsets,
+                                     const char* name);
     bool test(Transfer& t);
     void wait(Transfer& t);
 
@@ -101,6 +114,7 @@ private:
     void after_compute();
     void give_up(const char* name, double seconds);  // the watchdog's expiry
     cudaEvent_t next_event();
+    float* block_scratch(size_t count);  // the reduce-scatter's blocks: one buffer, reused in stream order
     Transfer finish_enqueue(const char* name, bool counts);
     void all_reduce(void* data, size_t count, ncclDataType_t type, ncclRedOp_t op, size_t element_bytes);
     Communicator host_;  // the same group over MPI, for what lives on the host
@@ -109,6 +123,8 @@ private:
     cudaStream_t comm_stream_ = nullptr;
     cudaEvent_t compute_ready_ = nullptr;
     std::array<cudaEvent_t, 32> events_{};  // completion events, reused in turn
+    float* block_scratch_ = nullptr;
+    size_t block_scratch_count_ = 0;
     size_t next_event_ = 0;
     int world_rank_ = 0;
     std::unique_ptr<Watchdog> watchdog_;  // groups of more than one rank

@@ -89,6 +89,45 @@ ThreadCommunicator::Transfer ThreadCommunicator::start_reduce_scatter(const floa
     return {};
 }
 
+// data's block rank_ = Σ over the ranks q of rank q's data's block rank_, in
+// rank order; written once no rank reads that block any more
+ThreadCommunicator::Transfer ThreadCommunicator::start_reduce_scatter_blocks(float* data,
+                                                                             const std::vector<int>& counts,
+                                                                             const std::vector<int>& offsets,
+                                                                             const char* name) {
+    if (size_ == 1) return {};
+    const double started = now_seconds();
+    for (int c : counts) bytes.reduce_scatter += int64_t(c) * 4;
+    group_->offer_and_wait(rank_, {data}, name);
+    const size_t at = size_t(offsets[size_t(rank_)]), count = size_t(counts[size_t(rank_)]);
+    block_sum_.assign(offered(0) + at, offered(0) + at + count);
+    for (int q = 1; q < size_; q++) {
+        const float* x = offered(q) + at;
+        for (size_t i = 0; i < count; i++) block_sum_[i] += x[i];
+    }
+    group_->wait_for_everyone(name);
+    std::copy(block_sum_.begin(), block_sum_.end(), data + at);
+    record(name, started);
+    return {};
+}
+
+// data's block q = rank q's data's block q, for every q (each rank reads only
+// the others' own blocks, which nobody writes)
+ThreadCommunicator::Transfer ThreadCommunicator::start_all_gather_blocks(float* data, const std::vector<int>& counts,
+                                                                         const std::vector<int>& offsets,
+                                                                         const char* name) {
+    if (size_ == 1) return {};
+    const double started = now_seconds();
+    for (int c : counts) bytes.all_gather += int64_t(c) * 4;
+    group_->offer_and_wait(rank_, {data}, name);
+    for (int q = 0; q < size_; q++)
+        if (q != rank_)
+            std::memcpy(data + offsets[size_t(q)], offered(q) + offsets[size_t(q)], size_t(counts[size_t(q)]) * 4);
+    group_->wait_for_everyone(name);
+    record(name, started);
+    return {};
+}
+
 // receive's block q = rank q's send's block rank_
 void ThreadCommunicator::all_to_all(const float* send, float* receive, size_t count) {
     if (size_ == 1) {

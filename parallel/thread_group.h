@@ -75,6 +75,11 @@ public:
                         Transfer* sent, Transfer* received);
     Transfer start_all_gather(const float* shard, float* full, size_t count, const char* name);
     Transfer start_reduce_scatter(const float* full, float* shard, size_t count, const char* name);
+    // the data-parallel buckets' collectives, on blocks of uneven size (as Communicator's)
+    Transfer start_reduce_scatter_blocks(float* data, const std::vector<int>& counts, const std::vector<int>& offsets,
+                                         const char* name);
+    Transfer start_all_gather_blocks(float* data, const std::vector<int>& counts, const std::vector<int>& offsets,
+                                     const char* name);
     bool test(Transfer&) { return true; }
     void wait(Transfer&) {}
 
@@ -97,6 +102,7 @@ private:
     void record(const char* name, double started);
     ThreadGroup* group_ = nullptr;
     int rank_ = 0, size_ = 1;
+    std::vector<float> block_sum_;  // a bucket's reduce-scatter sums here until no rank reads its block
 };
 
 }  // namespace tpsp

@@ -92,6 +92,17 @@ TEST_F(CudaNccl, AGroupOfOneThroughNcclGivesEveryCollectivesResult) {
     EXPECT_EQ(group.bytes.all_gather,
               int64_t(2 * n * sizeof(bf16)));  // one blocking, one started (a ring step counts none)
     EXPECT_EQ(group.bytes.reduce_scatter, int64_t(n * sizeof(bf16)));
+
+    // the data-parallel buckets' collectives (a block of one rank: its data is the sum and the gather)
+    const std::vector<int> counts = {3}, offsets = {0};
+    NcclTransfer summed = group.start_reduce_scatter_blocks(device_f.data(), counts, offsets, "bucket");
+    group.wait(summed);
+    EXPECT_EQ(device_f.download(), f) << "the bucket's reduce-scatter";
+    NcclTransfer gathered = group.start_all_gather_blocks(device_f.data(), counts, offsets, "bucket");
+    gpu::check_cuda(cudaDeviceSynchronize(), "synchronize");
+    EXPECT_TRUE(group.test(gathered));
+    EXPECT_EQ(device_f.download(), f) << "the bucket's all-gather";
+    EXPECT_EQ(group.bytes.reduce_scatter, int64_t(n * sizeof(bf16) + 3 * sizeof(float)));
 }
 
 // The watchdog's wiring: an operation stuck behind work that does not end
