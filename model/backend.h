@@ -79,8 +79,6 @@ struct CpuBackend {
     static constexpr bool copies_gemm_weights = false;
     // no cuDNN: attention is the explicit kernels only
     static constexpr bool has_fused_attention = false;
-    // the distributed optimizer (train/adamw.h) runs here
-    static constexpr bool shards_optimizer_state = true;
 
     static const Memory& memory() { return host_memory; }
     static void copy(void* dst, const void* src, size_t bytes) { std::memmove(dst, src, bytes); }

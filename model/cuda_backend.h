@@ -34,8 +34,6 @@ struct CudaBackend {
     // the communicator of an MPI group, on this rank's GPU (its Runtime must be alive)
     static std::unique_ptr<Comm> make_group(MPI_Comm comm);
     static constexpr bool copies_gemm_weights = true;
-    // the distributed optimizer: not yet on NCCL (the config refuses it)
-    static constexpr bool shards_optimizer_state = false;
 #ifdef TPSP_WITH_CUDNN
     static constexpr bool has_fused_attention = true;  // model.attention: cudnn
 #else

@@ -270,7 +270,7 @@ public:
     Arena param_arena, grad_arena, weight_arena, activation_arena, workspace_arena, token_arena;
 
 private:
-    void refresh_gemm_weights();
+    void refresh_gemm_weights(int stage);
     void norm_forward(Act* out, const Act* inp, const float* weight, const float* bias);
     void branch_forward(Act* out, const Act* residual, Act* y, const float* bias, uint8_t* mask, float p,
                         const DropoutKey& key, int64_t batch_offset);
@@ -313,6 +313,7 @@ private:
         Act* copy;            // in weight_arena
         const float* master;  // in param_arena
         int64_t elements;
+        int stage;  // the forward stage that reads it: l + 1 for layer l's slice, 0 for wte
     };
     std::vector<GemmWeightCopy> gemm_weight_copies_;  // empty where the GEMMs read the parameters
     std::vector<SquareSumRange> grad_norm_ranges_;    // every gradient tensor, sharded (0) or replicated (1)

@@ -231,7 +231,11 @@ GPTModel<Backend>::GPTModel(const GPTConfig& c, const RunShape& r, const TensorP
         weight_arena = Arena(weight_table, memory);
         Act* copy = static_cast<Act*>(weight_arena.data());  // one dtype: the arena keeps the table's order
         for (const TensorSpec& w : weight_table) {
-            gemm_weight_copies_.push_back({copy, parameter(w.name), w.elements()});
+            const bool layered = w.shape.size() > 1 && w.shape[0].symbol == "L";
+            const int64_t slices = layered ? w.shape[0].size : 1, slice = w.elements() / slices;
+            for (int64_t l = 0; l < slices; l++)  // one copy per layer: forward casts it when it reaches the layer
+                gemm_weight_copies_.push_back(
+                    {copy + l * slice, parameter(w.name) + l * slice, slice, layered ? int(l) + 1 : 0});
             copy += w.elements();
         }
     } else {
@@ -325,12 +329,16 @@ inline DropoutBox probs_box(int B, int heads_local, int heads, int S, int head_s
     return {B, heads_local, ss, heads * ss, ss, batch_offset, head_start};
 }
 
-// On the GPU: the bf16 copies of the GEMM weights from the fp32 master weights.
+// On the GPU: the bf16 copies of the GEMM weights that forward stage `stage`
+// reads, from the fp32 master weights. Stage by stage, so that with
+// parallel.overlap_param_gather a layer's copy is made only once its
+// parameters have arrived.
 template <class Backend>
-void GPTModel<Backend>::refresh_gemm_weights() {
+void GPTModel<Backend>::refresh_gemm_weights(int stage) {
     if constexpr (Backend::copies_gemm_weights) {
         ComputeSpan span(group_->tracer, "weights to bf16");
-        for (const GemmWeightCopy& c : gemm_weight_copies_) Backend::cast(c.copy, c.master, c.elements);
+        for (const GemmWeightCopy& c : gemm_weight_copies_)
+            if (c.stage == stage) Backend::cast(c.copy, c.master, c.elements);
     }
 }
 
@@ -536,14 +544,18 @@ float GPTModel<Backend>::forward(const int* inputs, const int* targets, const Dr
     }
     Backend::upload(tokens.inputs, inputs, sizeof(int) * N);
     Backend::upload(tokens.row_targets, host_row_targets_.data(), sizeof(int) * N);
-    refresh_gemm_weights();
     last_draw_ = draw;
     last_dropout_ = p;
 
     // vocabulary-parallel embedding: each rank looks up the tokens it holds,
     // ḡ sums them (into this rank's sequence shard); then positions and dropout
     Workspace<Act>& w = workspace;
-    if (parameters_needed) parameters_needed(0);
+    // before each stage, its parameters: arrived (parameters_needed, where set) and, on the GPU, cast to bf16
+    const auto stage_ready = [&](int stage) {
+        if (parameters_needed) parameters_needed(stage);
+        refresh_gemm_weights(stage);
+    };
+    stage_ready(0);
     {
         ComputeSpan span(group_->tracer, "embeddings");
         token_embedding_forward(w.partial, tokens.inputs, params.wte, tp.rank * Vp_local, Vp_local, B, T, C);
@@ -563,10 +575,10 @@ float GPTModel<Backend>::forward(const int* inputs, const int* targets, const Dr
         }
     }
     for (int l = 0; l < L; l++) {
-        if (parameters_needed) parameters_needed(l + 1);
+        stage_ready(l + 1);
         block_forward(l, l + 1 < L ? blocks[l + 1].ln1_in : outside.lnf_in, draw, p);
     }
-    if (parameters_needed) parameters_needed(L + 1);
+    stage_ready(L + 1);
     classifier_forward();
     if (cp.size == 1) return Backend::mean_loss(outside.losses, N);
     double mean = Backend::mean_loss(outside.losses, N);  // of this rank's positions: as many on every CP rank

@@ -265,11 +265,12 @@ fi
 # --- 4. GPU tests ---------------------------------------------------------------------------------------
 run_step "GPU tests (ctest, one process each)" 150 gpu_tests
 # TP+SP on the GPU: the one-GPU stand-in (t rank threads) at t = 2 and 4, SP and TP-only, every overlap
-# switch and both reduce-scatter methods, and context parallelism at cp = 2 and 4, against t = 1
+# switch and both reduce-scatter methods, and context parallelism at cp = 2 and 4, against t = 1; data
+# parallelism at dp = 2 (× t = 2) in every mode against plain DP, and against one rank
 # (tests/test_cuda_tensor_parallel.cpp)
 tp_sweep() { gpu_tests_matching CudaTensorParallel; }
 export -f tp_sweep
-run_step "TP+SP and CP on one GPU (stand-in)" 90 tp_sweep
+run_step "TP+SP, CP and DP on one GPU (stand-in)" 90 tp_sweep
 
 # --- 5. training against the CPU's loss curve -----------------------------------------------------------
 run_step "tiny, 200 steps, explicit attention vs CPU curve" 90 train_tiny cuda /tmp/tpsp_tiny_explicit.jsonl

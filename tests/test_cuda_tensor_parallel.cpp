@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <string>
 #include <thread>
 #include <utility>
@@ -26,6 +27,7 @@
 #include "model/gpt.h"
 #include "parallel/cuda_thread_group.h"
 #include "tests/cuda_test_support.h"
+#include "tests/data_parallel_training.h"
 #include "tests/test_support.h"
 
 using namespace tpsp;
@@ -74,22 +76,19 @@ RankStep one_step(const TensorParallelism& tp, typename Backend::Comm* group, co
     return step;
 }
 
-// n rank threads on this GPU, each with its own GpuRuntime and its rank of
-// one group of n (step(rank, its communicator) makes its RankStep); false
-// where a rank failed.
-bool stand_in_steps(int n, const std::function<RankStep(int, CudaThreadCommunicator*)>& step,
-                    std::vector<RankStep>* steps_out) {
+// n rank threads on this GPU, each with its own GpuRuntime; rank r's result
+// is body(r, its runtime). False where a rank failed.
+template <class Result>
+bool run_rank_threads(int n, const std::function<Result(int, gpu::GpuRuntime&)>& body, std::vector<Result>* out) {
     set_peer_timeout(20);  // a rank that throws ends the process after 20 s, not the default 300
-    ThreadGroup threads(n);
-    std::vector<RankStep> steps(static_cast<size_t>(n));
+    std::vector<Result> results(static_cast<size_t>(n));
     std::vector<std::string> errors(static_cast<size_t>(n));
     std::vector<std::thread> ranks;
     for (int r = 0; r < n; r++)
         ranks.emplace_back([&, r] {
             try {
                 gpu::GpuRuntime runtime(0);
-                CudaThreadCommunicator rank(&threads, r, runtime.context().stream);
-                steps[size_t(r)] = step(r, &rank);
+                results[size_t(r)] = body(r, runtime);
             } catch (const std::exception& e) {
                 // said at once: a rank that throws leaves the others at the barrier, which ends the process
                 std::fprintf(stderr, "rank %d of %d: %s\n", r, n, e.what());
@@ -103,8 +102,21 @@ bool stand_in_steps(int n, const std::function<RankStep(int, CudaThreadCommunica
         EXPECT_EQ(errors[size_t(r)], "") << "rank " << r;
         ok = ok && errors[size_t(r)].empty();
     }
-    *steps_out = std::move(steps);
+    *out = std::move(results);
     return ok;
+}
+
+// n rank threads of one group of n (step(rank, its communicator) makes its RankStep)
+bool stand_in_steps(int n, const std::function<RankStep(int, CudaThreadCommunicator*)>& step,
+                    std::vector<RankStep>* steps_out) {
+    ThreadGroup threads(n);
+    return run_rank_threads<RankStep>(
+        n,
+        [&](int r, gpu::GpuRuntime& runtime) {
+            CudaThreadCommunicator rank(&threads, r, runtime.context().stream);
+            return step(r, &rank);
+        },
+        steps_out);
 }
 
 void expect_stand_in_equals_one_rank(const RankStep& one, int t, bool sequence_parallel, const OverlapSettings& overlap,
@@ -235,4 +247,104 @@ TEST_F(CudaTensorParallel, TheOneGpuStandInRunsContextParallelism) {
         }
         EXPECT_EQ(wrong, 0) << "masks that are not the one-rank masks at the same heads and positions";
     }
+}
+
+namespace {
+
+using tpsp::testing::DataParallelRun;
+using tpsp::testing::DataParallelTraining;
+
+// dp × t rank threads on this GPU, rank r = dp_rank · t + tp_rank (t
+// innermost, as the process grid), each training `run` through the
+// trainer's DataParallelStep (tests/data_parallel_training.h) with its TP
+// group's communicator and its DP group's two. False where a rank failed.
+bool data_parallel_stand_in(int dp, int t, const DataParallelSettings& settings, const DataParallelTraining& run,
+                            std::vector<DataParallelRun>* runs) {
+    std::vector<std::unique_ptr<ThreadGroup>> tp_groups, dp_groups, twins;  // [dp rank], [tp rank], [tp rank]
+    for (int q = 0; q < dp; q++) tp_groups.push_back(std::make_unique<ThreadGroup>(t));
+    for (int r = 0; r < t; r++) {
+        dp_groups.push_back(std::make_unique<ThreadGroup>(dp));
+        twins.push_back(std::make_unique<ThreadGroup>(dp));
+    }
+    return run_rank_threads<DataParallelRun>(
+        dp * t,
+        [&](int r, gpu::GpuRuntime& runtime) {
+            const int tp_rank = r % t, dp_rank = r / t;
+            const cudaStream_t stream = runtime.context().stream;
+            CudaThreadCommunicator tp(tp_groups[size_t(dp_rank)].get(), tp_rank, stream);
+            CudaThreadCommunicator replicas(dp_groups[size_t(tp_rank)].get(), dp_rank, stream);
+            CudaThreadCommunicator twin(twins[size_t(tp_rank)].get(), dp_rank, stream);
+            return tpsp::testing::train_data_parallel_rank<CudaThreadGroupBackend>(
+                run, {t, tp_rank, true, {}}, t > 1 ? &tp : nullptr, tp, replicas, twin, settings);
+        },
+        runs);
+}
+
+}  // namespace
+
+// Data parallelism on one GPU (docs/design.md §8): dp = 2 rank threads (t = 1,
+// and × t = 2: 4 threads) train 3 steps of 2 micro-batches, dropout 0.1,
+// through the trainer's own DataParallelStep and AdamW, the DP buckets'
+// reduce-scatters and all-gathers as device copies and fp32 sums in rank
+// order (cuda_thread_group.h). Plain DP with overlap_grad_reduce, the
+// distributed optimizer alone, with overlap_grad_reduce, and with both
+// overlaps against plain DP, on every rank: the losses and norms to 1e-5 and
+// the parameters to 1e-4 relative. Not bit for bit as on the CPU: three
+// backward kernels of the CUDA model add with atomics (the token embedding's,
+// LayerNorm's and the biases' parameter gradients), so two runs of one mode
+// already differ in the last bits (seen on the H200: the losses and norms of
+// 3 steps equal, the parameters after them not; AdamW's first steps move an
+// element by ±lr whatever its gradient's size, so a flipped sign of a
+// near-zero gradient shows). A rank's block missing from one bucket moves
+// its 20000 elements by up to 2·lr each: about 1e-2 relative. Each rank's
+// arenas under the distributed optimizer are the CUDA backend's formula
+// (model_state_bytes with the bf16 copies). And dp = 2 against one rank with
+// the same 4 micro-batches per step: the losses to 1e-3 and the parameters to
+// 1e-3 relative (the order of the gradient's sums differs too).
+TEST_F(CudaTensorParallel, TheOneGpuStandInTrainsEveryDataParallelModeAsPlainDataParallelism) {
+    DataParallelTraining run{tpsp::testing::tiny_gpu_config(), {4, 64, 0.1f}, 3, 2, {}};
+    run.tokens = tpsp::testing::data_parallel_tokens(run, 2, 31);
+    const int64_t bucket = 20000;  // the tiny model's 0.84M parameters: dozens of buckets
+    const DataParallelSettings plain{bucket, false, false, false};
+    const std::vector<std::pair<const char*, DataParallelSettings>> modes = {
+        {"plain DP, overlap_grad_reduce", {bucket, false, true, false}},
+        {"distributed optimizer", {bucket, true, false, false}},
+        {"distributed optimizer, overlap_grad_reduce", {bucket, true, true, false}},
+        {"distributed optimizer, both overlaps", {bucket, true, true, true}},
+    };
+    for (int t : {1, 2}) {
+        SCOPED_TRACE("dp=2 t=" + std::to_string(t));
+        std::vector<DataParallelRun> reference;
+        if (!data_parallel_stand_in(2, t, plain, run, &reference)) return;
+        for (const auto& [what, settings] : modes) {
+            SCOPED_TRACE(what);
+            std::vector<DataParallelRun> ranks;
+            if (!data_parallel_stand_in(2, t, settings, run, &ranks)) return;
+            for (size_t r = 0; r < ranks.size(); r++) {
+                SCOPED_TRACE("rank " + std::to_string(r));
+                const DataParallelRun &mode = ranks[r], &base = reference[r];
+                for (size_t k = 0; k < size_t(run.steps); k++) {
+                    EXPECT_NEAR(mode.losses[k], base.losses[k], 1e-5 * base.losses[k]) << "step " << k + 1;
+                    EXPECT_NEAR(mode.norms[k], base.norms[k], 1e-5 * base.norms[k]) << "step " << k + 1;
+                }
+                ASSERT_EQ(mode.params.size(), base.params.size());
+                EXPECT_LT(relative_error(mode.params.data(), base.params.data(), int64_t(base.params.size())), 1e-4)
+                    << "the parameters after the last step";
+                if (settings.distributed_optimizer) {
+                    const ModelStateBytes formula = model_state_bytes(run.config, t, bucket, 2, true, true);
+                    EXPECT_EQ(mode.held.parameters, formula.parameters);
+                    EXPECT_EQ(mode.held.gemm_copies, formula.gemm_copies);
+                    EXPECT_EQ(mode.held.gradients, formula.gradients);
+                    EXPECT_EQ(mode.held.optimizer, formula.optimizer);
+                }
+            }
+        }
+    }
+    DataParallelTraining whole = run;  // one rank, the 2 × 2 micro-batches of each step
+    whole.grad_accum = 4;
+    std::vector<DataParallelRun> one, two;
+    if (!data_parallel_stand_in(1, 1, plain, whole, &one) || !data_parallel_stand_in(2, 1, plain, run, &two)) return;
+    for (size_t k = 0; k < size_t(run.steps); k++)
+        EXPECT_NEAR(two[0].losses[k], one[0].losses[k], 1e-3 * one[0].losses[k]) << "step " << k + 1;
+    EXPECT_LT(relative_error(two[0].params.data(), one[0].params.data(), int64_t(one[0].params.size())), 1e-3);
 }

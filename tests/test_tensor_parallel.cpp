@@ -21,6 +21,7 @@
 #include "parallel/process_grid.h"
 #include "parallel/thread_group.h"
 #include "parallel/trace.h"
+#include "tests/data_parallel_training.h"
 #include "tests/test_support.h"
 #include "train/config.h"
 
@@ -734,6 +735,64 @@ TEST(ContextParallel, TheGridPutsTpInnermostThenCpThenDp) {
         expected.clear();
         for (int r = 0; r < g.replicas; r++) expected.push_back(float(r * tp + g.tp_rank));
         EXPECT_EQ(members(g.replica_group), expected) << "replica group, in replica rank order";
+    }
+}
+
+// Data parallelism through the trainer's own DataParallelStep
+// (train/data_parallel.h, tests/data_parallel_training.h): the 4 ranks as
+// dp = 2 × t = 2 over MPI, and the same grid as 4 threads of rank 0 (the
+// stand-in, thread_group.h), train 3 steps of 2 micro-batches, dropout 0.1:
+// every loss, norm and parameter the same bits, in plain DP and with the
+// distributed optimizer and both overlap switches. The one-GPU stand-in runs
+// this very step (test_cuda_tensor_parallel.cpp).
+TEST(DataParallel, TheThreadStandInGivesTheMpiGridsBits) {
+    using tpsp::testing::DataParallelRun;
+    tpsp::testing::DataParallelTraining run{tiny_config(), shape, 3, 2, {}};
+    run.tokens = tpsp::testing::data_parallel_tokens(run, 2, 5);
+    const DataParallelSettings plain{500, false, false, false}, everything{500, true, true, true};
+    for (const DataParallelSettings& settings : {plain, everything}) {
+        SCOPED_TRACE(settings.distributed_optimizer ? "distributed optimizer, both overlaps" : "plain DP");
+        ProcessGrid grid = make_process_grid(2);
+        MPI_Comm gathers_comm;
+        MPI_Comm_dup(*grid.replica_group.mpi(), &gathers_comm);
+        Communicator gathers(gathers_comm);
+        const DataParallelRun mpi = tpsp::testing::train_data_parallel_rank<CpuBackend>(
+            run, {2, grid.tp_rank, true, {}}, &grid.tp_group, grid.tp_group, grid.replica_group, gathers, settings);
+        const size_t n = mpi.params.size(), steps = size_t(run.steps);
+        std::vector<float> all_params(4 * n), all_losses(4 * steps), all_norms(4 * steps);
+        MPI_Gather(mpi.params.data(), int(n), MPI_FLOAT, all_params.data(), int(n), MPI_FLOAT, 0, MPI_COMM_WORLD);
+        MPI_Gather(mpi.losses.data(), int(steps), MPI_FLOAT, all_losses.data(), int(steps), MPI_FLOAT, 0,
+                   MPI_COMM_WORLD);
+        MPI_Gather(mpi.norms.data(), int(steps), MPI_FLOAT, all_norms.data(), int(steps), MPI_FLOAT, 0, MPI_COMM_WORLD);
+        if (grid.world_rank == 0) {
+            // rank r = dp_rank · 2 + tp_rank: a TP group per DP rank, a DP group (and its twin for the gathers) per TP
+            // rank
+            ThreadGroup tp_threads[2] = {ThreadGroup(2), ThreadGroup(2)};
+            ThreadGroup dp_threads[2] = {ThreadGroup(2), ThreadGroup(2)};
+            ThreadGroup gather_threads[2] = {ThreadGroup(2), ThreadGroup(2)};
+            std::vector<DataParallelRun> stand_in(4);
+            std::vector<std::thread> ranks;
+            for (int r = 0; r < 4; r++)
+                ranks.emplace_back([&, r] {
+                    const int tp_rank = r % 2, dp_rank = r / 2;
+                    ThreadCommunicator tp(&tp_threads[dp_rank], tp_rank), replicas(&dp_threads[tp_rank], dp_rank),
+                        twin(&gather_threads[tp_rank], dp_rank);
+                    stand_in[size_t(r)] = tpsp::testing::train_data_parallel_rank<CpuThreadGroupBackend>(
+                        run, {2, tp_rank, true, {}}, &tp, tp, replicas, twin, settings);
+                });
+            for (std::thread& rank : ranks) rank.join();
+            for (size_t r = 0; r < 4; r++) {
+                SCOPED_TRACE("rank " + std::to_string(r));
+                for (size_t k = 0; k < steps; k++) {
+                    EXPECT_EQ(stand_in[r].losses[k], all_losses[r * steps + k]) << "step " << k + 1;
+                    EXPECT_EQ(stand_in[r].norms[k], all_norms[r * steps + k]) << "step " << k + 1;
+                }
+                EXPECT_EQ(0, std::memcmp(stand_in[r].params.data(), all_params.data() + r * n, n * 4))
+                    << "the parameters differ after the last step";
+            }
+        }
+        MPI_Comm_free(&gathers_comm);
+        MPI_Barrier(MPI_COMM_WORLD);
     }
 }
 

@@ -56,18 +56,19 @@ public:
     bool sharded() const { return shards_ != nullptr; }
     size_t bytes() const { return arena_.bytes(); }             // m and v
     int64_t state_elements() const { return state_elements_; }  // of m, and of v
-    // With shards (host memory): whole [N] = one moment of every parameter of
-    // this rank's TP shard, from every DP rank's pieces. Collective over dp.
+    // With shards: whole [N] (host memory) = one moment (the backend's
+    // memory) of every parameter of this rank's TP shard, from every DP
+    // rank's pieces. Collective over dp (the replica group, on the host).
     void gather_moment(const float* moment, float* whole, Communicator& dp) const {
-        for (const Piece& p : pieces_) std::memcpy(whole + p.parameter, moment + p.state, size_t(p.count) * 4);
+        for (const Piece& p : pieces_) Backend::download(whole + p.parameter, moment + p.state, size_t(p.count) * 4);
         for (size_t b = 0; b < shards_->buckets().size(); b++) {
             dp.all_gather_blocks(whole + shards_->buckets()[b].begin, shards_->counts(b), shards_->offsets(b),
                                  "DP all-gather of AdamW's state");
         }
     }
-    // The inverse, on this rank alone: its pieces of whole [N], into moment.
+    // The inverse, on this rank alone: its pieces of whole [N] (host memory), into moment.
     void scatter_moment(const float* whole, float* moment) const {
-        for (const Piece& p : pieces_) std::memcpy(moment + p.state, whole + p.parameter, size_t(p.count) * 4);
+        for (const Piece& p : pieces_) Backend::upload(moment + p.state, whole + p.parameter, size_t(p.count) * 4);
     }
     float* m = nullptr;  // first and second moments
     float* v = nullptr;
@@ -130,18 +131,24 @@ inline std::vector<BucketUnit> bucket_units(const std::vector<TensorSpec>& param
     return units;
 }
 
-// What one rank holds of the model's state with fp32 parameters, gradients
-// and moments (the CPU backend), N its TP shard's parameters: 16N bytes, or
-// with the distributed optimizer 8N + 8·(N + padding)/d: Megatron's
-// "16 → 8 + 8/d" bytes per parameter.
+// What one rank holds of the model's state, N its TP shard's parameters:
+// fp32 parameters, gradients and AdamW moments, 16N bytes, or with the
+// distributed optimizer 8N + 8·(N + padding)/d: Megatron's "16 → 8 + 8/d"
+// bytes per parameter. The CUDA backend (gemm_copies) holds bf16 copies of
+// the GEMM weights beside them, 2G bytes for G copied elements (G ≈ N): the
+// fp32 parameters are the masters, the copies what the GEMMs read. Its
+// distributed optimizer shards only the moments, since the kernels other than
+// the GEMMs (LayerNorm, biases, embeddings) read every fp32 parameter:
+// 18 → 10 + 8/d, where Megatron's bf16 parameters give 6 + 12/d.
 struct ModelStateBytes {
-    int64_t parameters = 0, gradients = 0, optimizer = 0;
+    int64_t parameters = 0, gemm_copies = 0, gradients = 0, optimizer = 0;
     int64_t buckets = 0, padding = 0;  // of the layout: elements never sent
-    int64_t total() const { return parameters + gradients + optimizer; }
+    int64_t total() const { return parameters + gemm_copies + gradients + optimizer; }
 };
-ModelStateBytes model_state_bytes(const GPTConfig& config, int tp, int64_t bucket_size, int dp, bool distributed);
-// `tpsp memory`'s table of it for d = 1, 2, 4, 8, plain and distributed.
-std::string model_state_table(const GPTConfig& config, int tp, int64_t bucket_size);
+ModelStateBytes model_state_bytes(const GPTConfig& config, int tp, int64_t bucket_size, int dp, bool distributed,
+                                  bool gemm_copies = false);
+// `tpsp memory`'s table of it for d = 1, 2, 4, 8, plain and distributed (on_gpu: the CUDA backend's).
+std::string model_state_table(const GPTConfig& config, int tp, int64_t bucket_size, bool on_gpu = false);
 
 struct LrSchedule {
     float lr, min_lr_ratio;

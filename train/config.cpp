@@ -218,14 +218,14 @@ const std::vector<Key>& keys() {
         bool_key("parallel.distributed_optimizer",
                  [](Config& c) -> bool& { return c.parallel.distributed_optimizer; },
                  "each data-parallel rank keeps AdamW's state for its shard of the gradients only, "
-                 "reduce-scatters the gradients and all-gathers the updated parameters (CPU backend)"),
+                 "reduce-scatters the gradients and all-gathers the updated parameters"),
         bool_key("parallel.overlap_grad_reduce", [](Config& c) -> bool& { return c.parallel.overlap_grad_reduce; },
                  "start each gradient bucket's data-parallel reduction as soon as backward has made it final, "
-                 "hidden behind the rest of backward (CPU backend)"),
+                 "hidden behind the rest of backward"),
         bool_key("parallel.overlap_param_gather",
                  [](Config& c) -> bool& { return c.parallel.overlap_param_gather; },
                  "start the updated parameters' all-gathers after the update and let the next forward wait, "
-                 "block by block, only for what it reads (needs parallel.distributed_optimizer; CPU backend)"),
+                 "block by block, only for what it reads (needs parallel.distributed_optimizer)"),
         int_key("parallel.bucket_size", [](Config& c) -> int& { return c.parallel.bucket_size; }, 1,
                 "parameters per data-parallel gradient bucket (at least, within one tensor: layer slices from "
                 "the last layer back; a tensor's first bucket may hold fewer)"),
@@ -400,10 +400,6 @@ void validate(const Config& c, const std::string& where) {
         fail("parallel.tp_comm_num_splits", std::to_string(c.parallel.tp_comm_num_splits) +
                                                 " is more than model.channels = " + std::to_string(c.model.channels) +
                                                 ": a chunk would hold no column");
-    if (c.train.device == "cuda" && c.parallel.distributed_optimizer)
-        fail("parallel.distributed_optimizer", "is built on the CPU backend so far: it needs train.device: cpu");
-    if (c.train.device == "cuda" && c.parallel.overlap_grad_reduce)
-        fail("parallel.overlap_grad_reduce", "is built on the CPU backend so far: it needs train.device: cpu");
     if (c.parallel.overlap_param_gather && !c.parallel.distributed_optimizer)
         fail("parallel.overlap_param_gather",
              "needs parallel.distributed_optimizer: true (without it every rank updates the whole model and "

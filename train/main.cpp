@@ -161,7 +161,8 @@ int command_memory(const Config& cfg) {
     const MemoryReport report = memory_report(cfg.gpt(), cfg.run_shape(), tp, resolve_device(cfg, false),
                                               {cfg.parallel.cp, 0});
     std::fputs(report.text.c_str(), stdout);
-    std::fputs(model_state_table(cfg.gpt(), cfg.parallel.tp, cfg.parallel.bucket_size).c_str(), stdout);
+    const bool on_gpu = resolve_device(cfg, false) == Device::cuda;
+    std::fputs(model_state_table(cfg.gpt(), cfg.parallel.tp, cfg.parallel.bucket_size, on_gpu).c_str(), stdout);
     return report.equal() ? 0 : 1;
 }
 

@@ -83,6 +83,11 @@ public:
     // local: this rank's shard, in the backend's memory.
     const float* gather(const float* local) {
         Backend::download(local_.data(), local, local_.size() * sizeof(float));
+        return gather_local();
+    }
+    // This rank's shard on the host, for a caller that assembles it there itself; then gather_local().
+    float* local() { return local_.data(); }
+    const float* gather_local() {
         grid_.tp_group.gather(local_.data(), shards_.data(), size_t(model_.num_parameters), 0);
         if (grid_.tp_rank == 0)
             for (int r = 0; r < grid_.tp; r++)
@@ -161,20 +166,11 @@ inline void commit_pair(AtomicFile& model_file, AtomicFile& state, const std::st
 template <class Backend>
 void save_run(const std::string& dir, GPTModel<Backend>& model, const AdamWOptimizer<Backend>& opt, ProcessGrid& grid,
               ShardGatherer<Backend>& gatherer, int step, const DataPosition& data, typename Backend::Comm& dp_group) {
-    std::vector<float> whole;  // one moment of this rank's TP shard, from the DP ranks' pieces
-    const auto tp_shard_of = [&](const float* moment) -> const float* {
-        if constexpr (Backend::shards_optimizer_state) {
-            if (opt.sharded()) {
-                whole.resize(size_t(model.num_parameters));
-                opt.gather_moment(moment, whole.data(), dp_group);
-                return whole.data();
-            }
-        }
-        return moment;
-    };
+    // one moment of this rank's TP shard assembled from the replicas' pieces, in the gatherer's host buffer
+    const auto assemble = [&](const float* moment) { opt.gather_moment(moment, gatherer.local(), dp_group.host()); };
     if (grid.replica_rank != 0) {  // every DP (and CP) replica holds the same model
         if (opt.sharded())
-            for (const float* moment : {opt.m, opt.v}) tp_shard_of(moment);  // its part of the DP gathers
+            for (const float* moment : {opt.m, opt.v}) assemble(moment);  // its part of the DP gathers
         return;
     }
     const int64_t n = full_parameter_count(model.config);
@@ -204,7 +200,8 @@ void save_run(const std::string& dir, GPTModel<Backend>& model, const AdamWOptim
         state_crc.update(head, sizeof head);
     });
     for (const auto& moment : {std::pair{opt.m, "AdamW's m"}, std::pair{opt.v, "AdamW's v"}}) {
-        const float* full = gatherer.gather(tp_shard_of(moment.first));
+        if (opt.sharded()) assemble(moment.first);
+        const float* full = opt.sharded() ? gatherer.gather_local() : gatherer.gather(moment.first);
         const char* name = moment.second;  // a plain variable: clang 14 (the fuzz build) captures no bindings
         on_writer([&] {
             check_finite_parameters(model.config, full, state_path + ": not written", name);
@@ -271,7 +268,7 @@ ResumedRun load_run(const std::string& dir, GPTModel<Backend>& model, AdamWOptim
         check_finite_parameters(model.config, full.data(), path, name);
         copy_parameter_shards(model.config, model.tp.size, model.tp.rank, full.data(), shard.data(),
                               ShardDirection::full_to_shard);
-        if (opt.sharded()) opt.scatter_moment(shard.data(), moment);  // host memory: the CPU backend
+        if (opt.sharded()) opt.scatter_moment(shard.data(), moment);
         else Backend::upload(moment, shard.data(), shard.size() * sizeof(float));
     }
     return {step, {head[2], head[4], head[5], head[6]}};

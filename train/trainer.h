@@ -15,11 +15,11 @@
 #include "data/token_shards.h"
 #include "model/gpt.h"
 #include "model/sampler.h"
-#include "parallel/dp_reduction.h"
 #include "parallel/process_grid.h"
 #include "parallel/trace.h"
 #include "train/adamw.h"
 #include "train/config.h"
+#include "train/data_parallel.h"
 #include "train/metrics.h"
 #include "train/run_checkpoint.h"
 #include "train/run_directory.h"
@@ -41,15 +41,9 @@ private:
     using Comm = typename Backend::Comm;
     void open_data();                              // set_up's work on this rank: the grid and the loaders,
     void check_same_inputs_on_every_rank() const;  // every rank's shards and checkpoint the same,
-    float forward_as_parameters_arrive(size_t at, const DropoutStep& draw);  // the step's first forward
-    void backward_starting_buckets(float dloss);  // the last micro-batch's, starting the DP buckets it makes final
-    void reduce_data_parallel_grads();            // over dp, bucket by bucket (§8)
-    void gather_updated_parameters();             // the distributed optimizer's pieces, to every rank
-    void parameters_ready();                      // those gathers complete, before anything else reads them
-    float global_grad_norm();                     // ‖g‖, one way in every mode
-    void build();                                 // then the model and its state
-    void restore();                               // checkpoint.resume, checkpoint.init, or random weights
-    DataPosition data_position() const;           // the loader's position and the shape that gives it its meaning
+    void build();                                  // then the model and its state
+    void restore();                                // checkpoint.resume, checkpoint.init, or random weights
+    DataPosition data_position() const;            // the loader's position and the shape that gives it its meaning
     void check_same_data_shape(const DataPosition& saved) const;  // a resume that would re-index the data: refused
     void claim_outputs();            // rank 0: the checkpoint directory, metrics and trace, proven writable
     void check_files_apart() const;  // rank 0: no output is an input, another output or a run directory's file
@@ -77,12 +71,8 @@ private:
     std::unique_ptr<TokenLoader> train_loader_, val_loader_;
     std::unique_ptr<GPTModel<Backend>> model_;
     std::unique_ptr<AdamWOptimizer<Backend>> optimizer_;
-    BucketLayout buckets_;  // the gradient buffer's DP buckets and each rank's piece of them
-    std::unique_ptr<GradientReduction<Comm>> reduction_;       // their sum over the DP group (the CPU backend)
-    std::unique_ptr<ParameterGather<Comm>> parameter_gather_;  // the distributed optimizer's updated pieces
-    std::vector<std::vector<std::vector<SquareSumRange>>> norm_ranges_;  // [dp rank][bucket]
-    std::vector<double> norm_parts_, norm_sums_;                         // global_grad_norm's, made once
-    std::unique_ptr<ShardGatherer<Backend>> gatherer_;                   // for checkpoints and samples
+    std::unique_ptr<DataParallelStep<Backend>> data_parallel_;  // the gradients' buckets, their sum, the norm
+    std::unique_ptr<ShardGatherer<Backend>> gatherer_;          // for checkpoints and samples
     std::unique_ptr<Generator> sampler_;
     std::vector<std::string> token_text_;  // what each token prints as, for samples
     std::vector<int> sample_prompt_;       // a sample's first token

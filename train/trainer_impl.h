@@ -135,32 +135,6 @@ bool on_every_rank(F&& work) {
     return false;
 }
 
-// For the gradient norm: rank q's piece of bucket b, cut where its tensors
-// change between TP-sharded (sum 0) and replicated (sum 1); [q][b].
-template <class Backend>
-std::vector<std::vector<std::vector<SquareSumRange>>> norm_ranges(const GPTModel<Backend>& model,
-                                                                  const BucketLayout& buckets) {
-    std::vector<SquareSumRange> tensors;
-    int64_t at = 0;
-    for (const TensorSpec& p : model.parameter_specs) {
-        tensors.push_back({at, p.elements(), parameter_is_replicated(p.name) ? 1 : 0});
-        at += p.elements();
-    }
-    std::vector<std::vector<std::vector<SquareSumRange>>> ranges(size_t(buckets.dp()));
-    for (int q = 0; q < buckets.dp(); q++)
-        for (size_t b = 0; b < buckets.buckets().size(); b++) {
-            const FlatRange piece = buckets.piece(b, q);
-            std::vector<SquareSumRange> cut;
-            for (const SquareSumRange& t : tensors) {
-                const int64_t from = std::max(piece.begin, t.begin);
-                const int64_t to = std::min(piece.begin + piece.count, t.begin + t.count);
-                if (from < to) cut.push_back({from, to - from, t.sum});
-            }
-            ranges[size_t(q)].push_back(cut);
-        }
-    return ranges;
-}
-
 inline LrSchedule schedule_of(const Config::Train& t) {
     return {t.lr, t.min_lr_ratio, t.warmup_steps, t.steps, t.lr_schedule == "cosine"};
 }
@@ -238,22 +212,19 @@ void Trainer<Backend>::build() {
     tp_comm_->link = {cfg_.parallel.emulated_link_gbps, cfg_.parallel.emulated_link_latency_us};
     dp_comm_->link = tp_comm_->link;  // the one link every group's transfers cross
     if (cp_comm_) cp_comm_->link = tp_comm_->link;
-    if constexpr (Backend::shards_optimizer_state) {
-        MPI_Comm gathers;  // the all-gathers start in an order of their own (parallel/dp_reduction.h)
-        MPI_Comm_dup(*grid_.replica_group.mpi(), &gathers);
-        dp_gather_comm_ = Backend::make_group(gathers);
-        dp_gather_comm_->link = tp_comm_->link;
-    }
+    MPI_Comm gathers;  // the all-gathers start in an order of their own (parallel/dp_reduction.h)
+    MPI_Comm_dup(*grid_.replica_group.mpi(), &gathers);
+    dp_gather_comm_ = Backend::make_group(gathers);
+    dp_gather_comm_->link = tp_comm_->link;
     if (!cfg_.logging.trace.empty()) {
         tracer_.enable(size_t(200000));
         tracer_.fence = Backend::synchronize;  // on a GPU the spans then time the kernels, not their launches
         tp_comm_->tracer = &tracer_;
         if (cp_comm_) cp_comm_->tracer = &tracer_;  // on the TP row: both are the model's own transfers
-        for (Comm* dp : {dp_comm_.get(), dp_gather_comm_.get()})
-            if (dp) {
-                dp->tracer = &tracer_;
-                dp->track = Track::data_parallel;  // a row of its own
-            }
+        for (Comm* dp : {dp_comm_.get(), dp_gather_comm_.get()}) {
+            dp->tracer = &tracer_;
+            dp->track = Track::data_parallel;  // a row of its own
+        }
     }
     const TensorParallelism tp{grid_.tp, grid_.tp_rank, cfg_.parallel.sequence_parallel, cfg_.overlap()};
     if (grid_.cp > 1 && !std::is_same_v<Backend, CpuBackend>)  // train.device: auto chose the GPU
@@ -263,24 +234,15 @@ void Trainer<Backend>::build() {
     RunShape rank_shape = shape_;  // under CP the model holds s/cp positions of each sequence (§9)
     rank_shape.seq_len = shape_.seq_len / grid_.cp;
     model_ = std::make_unique<GPTModel<Backend>>(gpt_, rank_shape, tp, tp_comm_.get(), cp_comm_.get());
-    buckets_ = BucketLayout(bucket_units(model_->parameter_specs), cfg_.parallel.bucket_size, grid_.replicas);
-    norm_ranges_ = trainer_detail::norm_ranges(*model_, buckets_);
-    norm_parts_.assign(2 * buckets_.buckets().size() * size_t(grid_.replicas), 0.0);  // the step allocates nothing
-    norm_sums_.assign(2 * buckets_.buckets().size(), 0.0);
-    const bool distributed = cfg_.parallel.distributed_optimizer;
-    if constexpr (Backend::shards_optimizer_state) {
-        reduction_ = std::make_unique<GradientReduction<Comm>>(*dp_comm_, dp_gather_comm_.get(), buckets_,
-                                                               model_->grads.wte, !distributed);
-        if (distributed)
-            parameter_gather_ = std::make_unique<ParameterGather<Comm>>(*dp_comm_, buckets_, model_->params.wte);
-    }
-    if (distributed && !Backend::shards_optimizer_state)
-        throw ConfigError(std::string("parallel.distributed_optimizer: not built on the ") + Backend::name +
-                          " backend yet: it needs train.device: cpu");
+    const Config::Parallel& parallel = cfg_.parallel;
+    data_parallel_ = std::make_unique<DataParallelStep<Backend>>(
+        *model_, *dp_comm_, *dp_gather_comm_, *tp_comm_,
+        DataParallelSettings{parallel.bucket_size, parallel.distributed_optimizer, parallel.overlap_grad_reduce,
+                             parallel.overlap_param_gather});
     const Config::Train& t = cfg_.train;
     optimizer_ = std::make_unique<AdamWOptimizer<Backend>>(
-        *model_, AdamWSettings{t.beta1, t.beta2, t.eps, t.weight_decay, t.decay_all}, distributed ? &buckets_ : nullptr,
-        grid_.replica_rank);
+        *model_, AdamWSettings{t.beta1, t.beta2, t.eps, t.weight_decay, t.decay_all},
+        data_parallel_->optimizer_shards(), grid_.replica_rank);
     if (!cfg_.checkpoint.dir.empty() || cfg_.logging.sample_every > 0)
         gatherer_ = std::make_unique<ShardGatherer<Backend>>(*model_, grid_);
     if (cfg_.logging.sample_every > 0) {
@@ -479,7 +441,7 @@ int Trainer<Backend>::run() {
         if (!cfg_.checkpoint.dir.empty() && save_due && !trainer_detail::on_every_rank([&] { save(done); })) return 1;
         if (stopping) return stop_on_signal(done);
     }
-    parameters_ready();  // no request left pending at MPI_Finalize
+    data_parallel_->parameters_ready();  // no request left pending at MPI_Finalize
     return trainer_detail::on_every_rank([&] { write_trace(); }) ? 0 : 1;
 }
 
@@ -499,7 +461,7 @@ int Trainer<Backend>::read_step_batches(int step) {
         },
         error);
     if (failed == grid_.world_size) return -1;
-    parameters_ready();
+    data_parallel_->parameters_ready();
     train_loader_->seek(position);  // the saved position is that of the step not taken
     std::string saved;
     const bool worth_saving = !cfg_.checkpoint.dir.empty() && step > start_step_;
@@ -536,7 +498,7 @@ int Trainer<Backend>::stop_diverged(const StepMetrics& m) {
 // After SIGTERM or SIGINT: the step is done and saved (run), the trace written.
 template <class Backend>
 int Trainer<Backend>::stop_on_signal(int done) {
-    parameters_ready();
+    data_parallel_->parameters_ready();
     if (!trainer_detail::on_every_rank([&] { write_trace(); })) return 1;
     if (grid_.world_rank == 0) {
         const std::string saved = cfg_.checkpoint.dir.empty()
@@ -566,16 +528,18 @@ StepMetrics Trainer<Backend>::train_step(int step) {
         const size_t at = size_t(micro) * shape_.batch * shape_.seq_len;  // read_step_batches put it there
         const DropoutStep draw{cfg_.train.seed, uint32_t(step),
                                (int64_t(micro) * grid_.dp + grid_.dp_rank) * shape_.batch};
-        loss += micro == 0 ? forward_as_parameters_arrive(at, draw)
-                           : model.forward(inputs_.data() + at, targets_.data() + at, draw);
-        if (micro + 1 == cfg_.train.grad_accum) backward_starting_buckets(dloss);
+        const int* inputs = inputs_.data() + at;
+        const int* targets = targets_.data() + at;
+        loss += micro == 0 ? data_parallel_->first_forward(inputs, targets, draw)
+                           : model.forward(inputs, targets, draw);
+        if (micro + 1 == cfg_.train.grad_accum) data_parallel_->last_backward(dloss);
         else model.backward(dloss);
     }
     model.reduce_replicated_grads();
-    reduce_data_parallel_grads();
+    data_parallel_->reduce_grads();
     dp_comm_->all_reduce_sum(&loss, 1);  // each CP rank's loss is already its replica's
     loss /= double(cfg_.train.grad_accum) * grid_.replicas;
-    const float norm = global_grad_norm();
+    const float norm = data_parallel_->grad_norm();
     // every rank decides alike: a non-finite step is not applied; a caught signal stops the run after this step
     int verdict[2] = {std::isfinite(loss) && std::isfinite(norm) ? 0 : 1, stop_signal_caught()};
     all_reduce_ints(verdict, 2, MPI_MAX, MPI_COMM_WORLD, "agreement on the step");
@@ -584,7 +548,7 @@ StepMetrics Trainer<Backend>::train_step(int step) {
     const float clip = cfg_.train.grad_clip > 0 && norm > cfg_.train.grad_clip ? cfg_.train.grad_clip / norm : 1.0f;
     const float lr = schedule_.at(step);
     if (!diverged_) optimizer_->update(model, lr, clip, step + 1);
-    if (!diverged_ && optimizer_->sharded()) gather_updated_parameters();
+    if (!diverged_) data_parallel_->gather_updated_parameters();
     Backend::synchronize();
     const double seconds = trainer_detail::seconds_since(start);
     tracer_.record("step", Track::compute, now_seconds() - seconds, now_seconds());
@@ -602,114 +566,15 @@ StepMetrics Trainer<Backend>::train_step(int step) {
     m.dp_bytes = dp_comm_->bytes;
     m.dp_comm = dp_comm_->time;
     if (cp_comm_) m.cp_bytes = cp_comm_->bytes, m.cp_comm = cp_comm_->time;
-    if (dp_gather_comm_) {
-        m.dp_bytes.all_gather += dp_gather_comm_->bytes.all_gather;
-        m.dp_comm.total += dp_gather_comm_->time.total;
-        m.dp_comm.exposed += dp_gather_comm_->time.exposed;
-    }
+    m.dp_bytes.all_gather += dp_gather_comm_->bytes.all_gather;
+    m.dp_comm.total += dp_gather_comm_->time.total;
+    m.dp_comm.exposed += dp_gather_comm_->time.exposed;
     return m;
-}
-
-// The step's last backward. With parallel.overlap_grad_reduce, each DP
-// bucket's reduction starts once backward has made it final, and moves on
-// between the GEMM tiles of the rest of backward (parallel/dp_reduction.h).
-template <class Backend>
-void Trainer<Backend>::backward_starting_buckets(float dloss) {
-    if constexpr (Backend::shards_optimizer_state) {
-        reduction_->begin();
-        if (cfg_.parallel.overlap_grad_reduce && grid_.replicas > 1) {
-            background_transfers.move_on = [this] { return reduction_->move_on(); };
-            model_->backward(dloss, [this](int stage) {
-                reduction_->start_final(stage);
-                background_transfers.poll();
-            });
-            background_transfers = {};
-            return;
-        }
-    }
-    model_->backward(dloss);
-}
-
-// The gradients summed over the DP group, bucket by bucket, as a
-// reduce-scatter (each rank sums its piece, in rank order) and then, unless
-// each rank updates only its piece (the distributed optimizer), an
-// all-gather: every element is summed in the same order in every mode. The
-// buckets backward did not start start now; the wait for them is exposed.
-template <class Backend>
-void Trainer<Backend>::reduce_data_parallel_grads() {
-    if (grid_.replicas == 1) return;
-    if constexpr (Backend::shards_optimizer_state) {
-        reduction_->finish();
-    } else {
-        dp_comm_->all_reduce_sum(model_->grads.wte, size_t(model_->num_parameters));
-    }
-}
-
-// The distributed optimizer's rank updated its piece of each bucket: every
-// rank gathers the others'. With parallel.overlap_param_gather the gathers
-// go on behind the next forward (forward_as_parameters_arrive).
-template <class Backend>
-void Trainer<Backend>::gather_updated_parameters() {
-    if constexpr (Backend::shards_optimizer_state) {
-        parameter_gather_->start();
-        if (!cfg_.parallel.overlap_param_gather) parameter_gather_->finish();
-    }
-}
-
-// The step's first forward, waiting before each stage for the parameters it
-// reads where their gathers are still in flight, and moving the others on
-// between its GEMM tiles.
-template <class Backend>
-float Trainer<Backend>::forward_as_parameters_arrive(size_t at, const DropoutStep& draw) {
-    if constexpr (Backend::shards_optimizer_state) {
-        if (parameter_gather_ && parameter_gather_->pending()) {
-            background_transfers.move_on = [this] { return parameter_gather_->move_on(); };
-            const float loss = model_->forward(inputs_.data() + at, targets_.data() + at, draw, true,
-                                               [this](int stage) { parameter_gather_->wait_needed(stage); });
-            background_transfers = {};
-            return loss;
-        }
-    }
-    return model_->forward(inputs_.data() + at, targets_.data() + at, draw);
-}
-
-template <class Backend>
-void Trainer<Backend>::parameters_ready() {
-    if constexpr (Backend::shards_optimizer_state)
-        if (parameter_gather_ && parameter_gather_->pending()) parameter_gather_->finish();
-}
-
-// ‖g‖ over the whole model, computed one way in every mode: the square sums
-// of each rank's piece of each bucket (sharded and replicated tensors
-// apart), added over the DP ranks in rank order, then over the buckets in
-// order; the sharded part over the TP group. Where every rank holds the whole
-// reduced gradient it computes every rank's pieces itself, the same sums.
-template <class Backend>
-float Trainer<Backend>::global_grad_norm() {
-    const size_t buckets = buckets_.buckets().size();
-    std::vector<double>& parts = norm_parts_;  // [replica rank (dp × cp)][bucket][sharded, replicated]
-    std::vector<double>& summed = norm_sums_;  // [bucket][sharded, replicated]
-    const bool own_pieces_only = optimizer_->sharded();
-    for (int q = 0; q < grid_.replicas; q++) {
-        if (own_pieces_only && q != grid_.replica_rank) continue;
-        for (size_t b = 0; b < buckets; b++)
-            Backend::square_sums(model_->grads.wte, norm_ranges_[size_t(q)][b], &parts[(size_t(q) * buckets + b) * 2]);
-    }
-    if (own_pieces_only) {
-        std::copy_n(&parts[size_t(grid_.replica_rank) * 2 * buckets], 2 * buckets, summed.data());
-        dp_comm_->all_reduce_sum(summed.data(), summed.size());  // in rank order
-    } else {
-        sum_in_rank_order(summed.data(), parts.data(), summed.size(), grid_.replicas, summed.size());
-    }
-    double sharded = 0.0, replicated = 0.0;
-    for (size_t b = 0; b < buckets; b++) sharded += summed[2 * b], replicated += summed[2 * b + 1];
-    tp_comm_->all_reduce_sum(&sharded, 1);  // shards add up; replicated tensors count once
-    return float(std::sqrt(sharded + replicated));
 }
 
 template <class Backend>
 float Trainer<Backend>::validation_loss() {
-    parameters_ready();
+    data_parallel_->parameters_ready();
     return trainer_detail::validation_loss(*model_, *val_loader_, grid_, cfg_.train.val_batches, inputs_.data(),
                                            targets_.data());
 }
@@ -742,7 +607,7 @@ void Trainer<Backend>::log(const StepMetrics& m, bool last) {
 
 template <class Backend>
 void Trainer<Backend>::sample(int done) {
-    parameters_ready();
+    data_parallel_->parameters_ready();
     if (grid_.replica_rank != 0) return;
     gatherer_->gather(model_->params.wte);  // the whole model, into the sampler's weights on rank 0
     if (grid_.world_rank != 0) return;
@@ -755,7 +620,7 @@ void Trainer<Backend>::sample(int done) {
 
 template <class Backend>
 void Trainer<Backend>::save(int done) {
-    parameters_ready();
+    data_parallel_->parameters_ready();
     save_run(cfg_.checkpoint.dir, *model_, *optimizer_, grid_, *gatherer_, done, data_position(), *dp_comm_);
     if (grid_.world_rank != 0) return;
     run_dir_.prune(cfg_.checkpoint.keep_last);
