@@ -53,11 +53,12 @@ void CudaBackend::zero(void* data, size_t bytes) {
     check_cuda(cudaMemsetAsync(data, 0, bytes, gpu::context().stream), "zero");
 }
 
-// grid (blocks per range, ranges): a block adds Σ x² over its stride of one
-// range to sums[range.sum], in double
+// grid (blocks per range, ranges): a block sums x² over its stride of one
+// range, in double, into partials [range, block]; the host adds the partials
+// in order (no atomics: the same bits every run)
 constexpr int square_sum_threads = 256, square_sum_blocks_per_range = 64;
 
-__global__ void square_sums_kernel(double* sums, const float* x, const SquareSumRange* ranges) {
+__global__ void square_sums_kernel(double* partials, const float* x, const SquareSumRange* ranges) {
     __shared__ double partial[square_sum_threads];
     const SquareSumRange range = ranges[blockIdx.y];
     const float* data = x + range.begin;
@@ -71,31 +72,34 @@ __global__ void square_sums_kernel(double* sums, const float* x, const SquareSum
         if (int(threadIdx.x) < stride) partial[threadIdx.x] += partial[threadIdx.x + stride];
         __syncthreads();
     }
-    if (threadIdx.x == 0) atomicAdd(&sums[range.sum], partial[0]);
+    if (threadIdx.x == 0) partials[size_t(blockIdx.y) * gridDim.x + blockIdx.x] = partial[0];
 }
 
 void CudaBackend::square_sums(const float* x, const std::vector<SquareSumRange>& ranges, double sums[2]) {
     sums[0] = sums[1] = 0.0;
     if (ranges.empty()) return;
-    // device scratch: the two sums, then the range table; grows, never shrinks;
+    // device scratch: the partials, then the range table; grows, never shrinks;
     // one per thread, as the stream it is used on
     thread_local void* scratch = nullptr;
     thread_local size_t scratch_bytes = 0;
-    const size_t needed = 2 * sizeof(double) + ranges.size() * sizeof(SquareSumRange);
+    thread_local std::vector<double> partials;
+    partials.resize(ranges.size() * square_sum_blocks_per_range);
+    const size_t needed = partials.size() * sizeof(double) + ranges.size() * sizeof(SquareSumRange);
     if (needed > scratch_bytes) {
         device_release(scratch);
         scratch = device_allocate(needed);
         scratch_bytes = needed;
     }
-    double* device_sums = static_cast<double*>(scratch);
-    SquareSumRange* device_ranges = reinterpret_cast<SquareSumRange*>(device_sums + 2);
-    const cudaStream_t stream = gpu::context().stream;
+    double* device_partials = static_cast<double*>(scratch);
+    SquareSumRange* device_ranges = reinterpret_cast<SquareSumRange*>(device_partials + partials.size());
     upload(device_ranges, ranges.data(), ranges.size() * sizeof(SquareSumRange));
-    check_cuda(cudaMemsetAsync(device_sums, 0, 2 * sizeof(double), stream), "square_sums");
     const dim3 grid(square_sum_blocks_per_range, unsigned(ranges.size()));
-    square_sums_kernel<<<grid, square_sum_threads, 0, stream>>>(device_sums, x, device_ranges);
+    square_sums_kernel<<<grid, square_sum_threads, 0, gpu::context().stream>>>(device_partials, x, device_ranges);
     gpu::check_launch("square_sums");
-    download(sums, device_sums, 2 * sizeof(double));
+    download(partials.data(), device_partials, partials.size() * sizeof(double));
+    for (size_t r = 0; r < ranges.size(); r++)
+        for (int b = 0; b < square_sum_blocks_per_range; b++)
+            sums[ranges[r].sum] += partials[r * square_sum_blocks_per_range + size_t(b)];
 }
 
 Dim CudaBackend::attention_scratch(int64_t b, int64_t s, int64_t h, int64_t a, int64_t t) {

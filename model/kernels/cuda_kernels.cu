@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace tpsp {
 using gpu::batched_gemm;
@@ -52,6 +53,84 @@ __device__ inline float to_float(bf16 x) { return __bfloat162float(x); }
 __device__ inline bf16 to_bf16(float x) { return __float2bfloat16(x); }
 
 // ----------------------------------------------------------------------------
+// deterministic sums over rows: the parameter gradients of the biases and of
+// LayerNorm add up a column of N rows. Each column's rows are summed in one
+// fixed order, with no atomics, so that two runs give the same bits (the
+// data-parallel modes are then proven bit for bit on the GPU as on the CPU):
+//   1. a block of 32 columns × 16 lanes per row group: lane l adds rows
+//      l, l + 16, … of the group, then the 16 lanes are added in a fixed tree;
+//      each of the 32 row groups writes its partial sum,
+//   2. one thread per column adds the 32 partials in group order into the
+//      gradient (+=, as the micro-batches accumulate).
+// The order depends on the shape alone, not on the device or the timing.
+
+constexpr int sum_columns = 32;     // a block's columns: one warp across
+constexpr int sum_lanes = 16;       // a block's threads down its rows
+constexpr int sum_row_groups = 32;  // blocks down the rows
+
+// The partials [quantities, sum_row_groups, width], in this thread's device
+// scratch: grown in the first step and kept (cudaFree waits for the device).
+static float* column_partials(int quantities, int width) {
+    thread_local float* scratch = nullptr;
+    thread_local size_t scratch_floats = 0;
+    const size_t needed = size_t(quantities) * sum_row_groups * size_t(width);
+    if (needed > scratch_floats) {
+        if (scratch) check_cuda(cudaFree(scratch), "cudaFree");
+        scratch = nullptr;
+        check_cuda(cudaMalloc(&scratch, needed * sizeof(float)), "cudaMalloc of the column sums' partials");
+        scratch_floats = needed;
+    }
+    return scratch;
+}
+
+// Q quantities per (row, column) from term(n, c, acc) (acc[q] += …), summed per row group.
+template <int Q, class Term>
+__global__ void column_partial_sums_kernel(float* partials, Term term, int N, int width) {
+    __shared__ float sums[Q][sum_lanes][sum_columns];
+    const int c = blockIdx.x * sum_columns + threadIdx.x, lane = threadIdx.y;
+    const int rows_per_group = (N + sum_row_groups - 1) / sum_row_groups;
+    const int n0 = blockIdx.y * rows_per_group, n1 = min(N, n0 + rows_per_group);
+    float acc[Q] = {};
+    if (c < width)
+        for (int n = n0 + lane; n < n1; n += sum_lanes) term(n, c, acc);
+    for (int q = 0; q < Q; q++) sums[q][lane][threadIdx.x] = acc[q];
+    __syncthreads();
+    for (int stride = sum_lanes / 2; stride > 0; stride /= 2) {
+        if (lane < stride)
+            for (int q = 0; q < Q; q++) sums[q][lane][threadIdx.x] += sums[q][lane + stride][threadIdx.x];
+        __syncthreads();
+    }
+    if (lane == 0 && c < width)
+        for (int q = 0; q < Q; q++)
+            partials[(int64_t(q) * sum_row_groups + blockIdx.y) * width + c] = sums[q][0][threadIdx.x];
+}
+
+// out_q [c] += Σ over the row groups g, in order, of partials [q, g, c]
+template <int Q>
+__global__ void add_column_partials_kernel(float* out0, float* out1, const float* partials, int width) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= width) return;
+    float* outs[2] = {out0, out1};
+    for (int q = 0; q < Q; q++) {
+        float sum = 0.0f;
+        for (int g = 0; g < sum_row_groups; g++) sum += partials[(int64_t(q) * sum_row_groups + g) * width + c];
+        outs[q][c] += sum;
+    }
+}
+
+// out0 [c] (and out1 [c] where Q = 2) += Σ_n of term's quantities over the N rows
+template <int Q, class Term>
+static void add_column_sums(float* out0, float* out1, const Term& term, int N, int width, const char* what) {
+    const GpuContext& ctx = gpu::context();
+    float* partials = column_partials(Q, width);
+    const dim3 block(sum_columns, sum_lanes), grid(blocks_for(width, sum_columns), sum_row_groups);
+    column_partial_sums_kernel<Q, Term><<<grid, block, 0, ctx.stream>>>(partials, term, N, width);
+    check_launch(what);
+    add_column_partials_kernel<Q><<<blocks_for(width), block_threads, 0, ctx.stream>>>(out0, out1, partials, width);
+    check_launch(what);
+}
+
+// ----------------------------------------------------------------------------
 // casts
 
 __global__ void cast_to_bf16_kernel(bf16* out, const float* inp, int64_t n) {
@@ -88,22 +167,72 @@ void token_embedding_forward(bf16* out, const int* inp, const float* wte, int vo
     check_launch("token_embedding_forward");
 }
 
-__global__ void token_embedding_backward_kernel(float* dwte, const bf16* dout, const int* inp, int vocab_start,
-                                                int V_local, int B, int T, int C) {
-    int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (i >= int64_t(T) * B * C) return;
-    const int c = int(i % C);
-    const int64_t row = i / C;
-    const int b = int(row % B), t = int(row / B);
-    const int token = inp[b * T + t] - vocab_start;
-    if (token >= 0 && token < V_local) atomicAdd(&dwte[int64_t(token) * C + c], to_float(dout[i]));
+// The gradient of a row of wte is the sum of the gradients of the positions
+// that hold its token. Deterministic, with no atomics: the token ids come
+// back to the host, a counting sort lists each token's rows in row order,
+// and one thread per (token, channel) adds its rows in that order. The sort
+// costs the host one wait for the device at the end of backward (the token
+// embedding's is its last op) and 4N + 8·(distinct tokens) bytes up.
+//
+// segments [2S + 1]: the S tokens present (local ids), then where each one's
+// rows begin in rows, and the end; rows [N]: activation rows (t · B + b).
+__global__ void token_embedding_backward_kernel(float* dwte, const bf16* dout, const int* segments, const int* rows,
+                                                int S, int C) {
+    const int segment = blockIdx.x, c = blockIdx.y * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    const int token = segments[segment], begin = segments[S + segment], end = segments[S + segment + 1];
+    float sum = 0.0f;
+    for (int k = begin; k < end; k++) sum += to_float(dout[int64_t(rows[k]) * C + c]);
+    dwte[int64_t(token) * C + c] += sum;
 }
 
 void token_embedding_backward(float* dwte, const bf16* dout, const int* inp, int vocab_start, int V_local, int B, int T,
                               int C) {
     const GpuContext& ctx = gpu::context();
-    token_embedding_backward_kernel<<<blocks_for(int64_t(T) * B * C), block_threads, 0, ctx.stream>>>(
-        dwte, dout, inp, vocab_start, V_local, B, T, C);
+    const int N = B * T;
+    thread_local std::vector<int> tokens, counts, host;  // host: segments, then rows
+    thread_local int* device = nullptr;
+    thread_local size_t device_ints = 0;
+    tokens.resize(size_t(N));
+    check_cuda(cudaMemcpyAsync(tokens.data(), inp, sizeof(int) * size_t(N), cudaMemcpyDeviceToHost, ctx.stream),
+               "token_embedding_backward: the tokens");
+    check_cuda(cudaStreamSynchronize(ctx.stream), "token_embedding_backward");
+    counts.assign(size_t(V_local) + 1, 0);
+    const auto local_id = [&](int row) { return tokens[size_t(row % B) * T + size_t(row / B)] - vocab_start; };
+    for (int row = 0; row < N; row++) {
+        const int id = local_id(row);
+        if (id >= 0 && id < V_local) counts[size_t(id) + 1]++;
+    }
+    int S = 0;
+    for (int id = 0; id < V_local; id++) S += counts[size_t(id) + 1] > 0;
+    host.assign(size_t(2 * S + 1 + N), 0);
+    int* segment_tokens = host.data();
+    int* segment_starts = host.data() + S;
+    int* rows = host.data() + 2 * S + 1;
+    for (int id = 0; id < V_local; id++) counts[size_t(id) + 1] += counts[size_t(id)];  // each id's first row
+    for (int id = 0, segment = 0; id < V_local; id++)
+        if (counts[size_t(id) + 1] > counts[size_t(id)]) {
+            segment_tokens[segment] = id;
+            segment_starts[segment++] = counts[size_t(id)];
+        }
+    segment_starts[S] = counts[size_t(V_local)];
+    for (int row = 0; row < N; row++) {  // rows in row order within each token
+        const int id = local_id(row);
+        if (id >= 0 && id < V_local) rows[counts[size_t(id)]++] = row;
+    }
+    if (S == 0) return;
+    if (host.size() > device_ints) {
+        if (device) check_cuda(cudaFree(device), "cudaFree");
+        device = nullptr;
+        check_cuda(cudaMalloc(&device, host.size() * sizeof(int)), "cudaMalloc of the token embedding's rows");
+        device_ints = host.size();
+    }
+    // from pageable memory: the copy has left `host` when it returns
+    check_cuda(cudaMemcpyAsync(device, host.data(), host.size() * sizeof(int), cudaMemcpyHostToDevice, ctx.stream),
+               "token_embedding_backward: the rows");
+    const dim3 grid(unsigned(S), blocks_for(C));
+    token_embedding_backward_kernel<<<grid, block_threads, 0, ctx.stream>>>(dwte, dout, device, device + 2 * S + 1, S,
+                                                                            C);
     check_launch("token_embedding_backward");
 }
 
@@ -205,23 +334,17 @@ __global__ void layernorm_backward_input_kernel(bf16* dinp, float* scratch, cons
     }
 }
 
-// grid (column blocks, row chunks): a thread sums one channel over a chunk of rows
-constexpr int layernorm_rows_per_chunk = 256;
-
-__global__ void layernorm_backward_params_kernel(float* dweight, float* dbias, const float* scratch, const bf16* dout,
-                                                 const bf16* inp, int N, int C) {
-    const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) return;
-    const int n0 = blockIdx.y * layernorm_rows_per_chunk, n1 = min(N, n0 + layernorm_rows_per_chunk);
-    float dw = 0.0f, db = 0.0f;
-    for (int n = n0; n < n1; n++) {
+// A row's share of dweight and dbias: (x − mean) · rstd · dout, and dout.
+struct LayerNormParameterTerm {
+    const bf16 *dout, *inp;
+    const float* stats;  // mean [N], then rstd [N]
+    int N, C;
+    __device__ void operator()(int n, int c, float* acc) const {
         const float d = to_float(dout[int64_t(n) * C + c]);
-        dw += (to_float(inp[int64_t(n) * C + c]) - scratch[n]) * scratch[N + n] * d;
-        db += d;
+        acc[0] += (to_float(inp[int64_t(n) * C + c]) - stats[n]) * stats[N + n] * d;
+        acc[1] += d;
     }
-    atomicAdd(&dweight[c], dw);
-    atomicAdd(&dbias[c], db);
-}
+};
 
 void layernorm_backward(bf16* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp,
                         const float* weight, float* scratch, int N, int C) {
@@ -229,9 +352,8 @@ void layernorm_backward(bf16* dinp, float* dweight, float* dbias, const bf16* do
     layernorm_backward_input_kernel<<<blocks_for(N, warps_per_block), block_threads, 0, ctx.stream>>>(
         dinp, scratch, dout, inp, weight, N, C);
     check_launch("layernorm_backward");
-    const dim3 grid(blocks_for(C), blocks_for(N, layernorm_rows_per_chunk));
-    layernorm_backward_params_kernel<<<grid, block_threads, 0, ctx.stream>>>(dweight, dbias, scratch, dout, inp, N, C);
-    check_launch("layernorm_backward parameters");
+    add_column_sums<2>(dweight, dbias, LayerNormParameterTerm{dout, inp, scratch, N, C}, N, C,
+                       "layernorm_backward parameters");
 }
 
 // ----------------------------------------------------------------------------
@@ -360,23 +482,17 @@ void bias_dropout_residual_forward(bf16* out, uint8_t* mask, bf16* y, const bf16
     check_launch("bias_dropout_residual_forward");
 }
 
-// grid (column blocks, row chunks): a thread sums one column over one chunk of rows
-constexpr int bias_rows_per_chunk = 256;
-
-__global__ void bias_backward_kernel(float* dbias, const bf16* dout, int N, int width, int row_stride) {
-    const int o = blockIdx.x * blockDim.x + threadIdx.x;
-    if (o >= width) return;
-    const int n0 = blockIdx.y * bias_rows_per_chunk, n1 = min(N, n0 + bias_rows_per_chunk);
-    float sum = 0.0f;
-    for (int n = n0; n < n1; n++) sum += to_float(dout[int64_t(n) * row_stride + o]);
-    atomicAdd(&dbias[o], sum);
-}
+// A row's share of a bias's gradient: its column of dout.
+struct BiasTerm {
+    const bf16* dout;
+    int row_stride;
+    __device__ void operator()(int n, int c, float* acc) const {
+        acc[0] += to_float(dout[int64_t(n) * row_stride + c]);
+    }
+};
 
 void bias_backward_columns(float* dbias, const bf16* dout, int N, int width, int row_stride) {
-    const GpuContext& ctx = gpu::context();
-    const dim3 grid(blocks_for(width), blocks_for(N, bias_rows_per_chunk));
-    bias_backward_kernel<<<grid, block_threads, 0, ctx.stream>>>(dbias, dout, N, width, row_stride);
-    check_launch("bias_backward");
+    add_column_sums<1>(dbias, nullptr, BiasTerm{dout, row_stride}, N, width, "bias_backward");
 }
 
 void bias_backward(float* dbias, const bf16* dout, int N, int OC) { bias_backward_columns(dbias, dout, N, OC, OC); }
