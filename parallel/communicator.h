@@ -99,6 +99,9 @@ void all_reduce_ints(int* data, int count, MPI_Op op, MPI_Comm comm, const char*
 class Communicator {
 public:
     using Transfer = MpiTransfer;
+    // MPI moves a transfer only inside MPI calls and matches a communicator's
+    // collectives by their start order: see dp_reduction.h
+    static constexpr bool runs_in_enqueue_order = false;
     Communicator() = default;  // a group of one
     explicit Communicator(MPI_Comm comm);
     int rank() const { return rank_; }

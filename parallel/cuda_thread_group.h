@@ -43,7 +43,8 @@ public:
     struct Transfer {
         bool active = false;  // complete on start: never in flight
     };
-    CudaThreadCommunicator() = default;  // a group of one, on the legacy default stream
+    static constexpr bool runs_in_enqueue_order = false;  // as the CPU stand-in
+    CudaThreadCommunicator() = default;                   // a group of one, on the legacy default stream
     // Rank `rank` of `group`, whose work goes on `stream`: the stream of the
     // rank thread's GpuRuntime, the only thread that calls it.
     CudaThreadCommunicator(ThreadGroup* group, int rank, cudaStream_t stream);

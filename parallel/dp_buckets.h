@@ -47,7 +47,6 @@ struct GradientBucket {
 
 class BucketLayout {
 public:
-    BucketLayout() = default;
     // units: in buffer order
     BucketLayout(const std::vector<BucketUnit>& units, int64_t bucket_size, int dp);
 

@@ -12,6 +12,12 @@
 // then bucket); an all-gather starts once its reduce-scatter has completed,
 // which each rank sees at its own moment, so the all-gathers run on a second
 // communicator of the same ranks, in the same order as the reduce-scatters.
+// A group whose operations run in the order they are enqueued on its one
+// stream (NCCL: Comm::runs_in_enqueue_order) needs neither: each bucket's
+// all-gather is enqueued right behind its reduce-scatter on the same group,
+// so every rank enqueues the same sequence and no rank's order depends on
+// when it polls (two NCCL groups enqueued in different orders on different
+// ranks can deadlock).
 #pragma once
 #include <algorithm>
 #include <cstddef>
@@ -27,9 +33,10 @@ class GradientReduction {
 public:
     using Transfer = typename Comm::Transfer;
     // grads: the flat buffer the layout describes; gather_comm: the same
-    // ranks as comm, for the all-gathers (null when gather_after is false)
-    GradientReduction(Comm& comm, Comm* gather_comm, const BucketLayout& layout, float* grads, bool gather_after)
-        : comm_(comm), gather_comm_(gather_comm), layout_(layout), grads_(grads), gather_after_(gather_after) {
+    // ranks as comm, for the all-gathers (comm itself where it runs in enqueue order)
+    GradientReduction(Comm& comm, Comm& gather_comm, const BucketLayout& layout, float* grads, bool gather_after)
+        : comm_(comm), gather_comm_(Comm::runs_in_enqueue_order ? comm : gather_comm), layout_(layout), grads_(grads),
+          gather_after_(gather_after) {
         for (size_t b = 0; b < layout.buckets().size(); b++) order_.push_back(b);
         std::stable_sort(order_.begin(), order_.end(), [&](size_t a, size_t b) {
             return layout.buckets()[a].final_at < layout.buckets()[b].final_at;
@@ -50,6 +57,7 @@ public:
                                                                           layout_.counts(b), layout_.offsets(b),
                                                                           "DP reduce-scatter of gradients");
             started_++;
+            if constexpr (Comm::runs_in_enqueue_order) start_gather(gathered_++);  // right behind it
         }
     }
     // Moves every transfer on; a completed reduce-scatter's all-gather starts
@@ -58,7 +66,7 @@ public:
         bool any = false;
         for (size_t i = 0; i < started_; i++) {
             if (!comm_.test(flights_[i].reduce)) any = true;
-            if (gather_after_ && !gather_comm_->test(flights_[i].gather)) any = true;
+            if (gather_after_ && !gather_comm_.test(flights_[i].gather)) any = true;
         }
         start_gathers();
         return any || gathered_ < started_;
@@ -70,7 +78,7 @@ public:
             comm_.wait(flights_[i].reduce);
             start_gathers();
         }
-        for (size_t i = 0; i < started_ && gather_after_; i++) gather_comm_->wait(flights_[i].gather);
+        for (size_t i = 0; i < started_ && gather_after_; i++) gather_comm_.wait(flights_[i].gather);
     }
 
 private:
@@ -79,17 +87,17 @@ private:
     };
     // the all-gathers of the completed reduce-scatters, in start order
     void start_gathers() {
+        while (gathered_ < started_ && !flights_[gathered_].reduce.active) start_gather(gathered_++);
+    }
+    // the all-gather of the i-th bucket started, where the buckets are gathered
+    void start_gather(size_t i) {
         if (!gather_after_) return;
-        while (gathered_ < started_ && !flights_[gathered_].reduce.active) {
-            const size_t b = order_[gathered_];
-            flights_[gathered_].gather = gather_comm_->start_all_gather_blocks(grads_ + layout_.buckets()[b].begin,
-                                                                               layout_.counts(b), layout_.offsets(b),
-                                                                               "DP all-gather of gradients");
-            gathered_++;
-        }
+        const size_t b = order_[i];
+        flights_[i].gather = gather_comm_.start_all_gather_blocks(
+            grads_ + layout_.buckets()[b].begin, layout_.counts(b), layout_.offsets(b), "DP all-gather of gradients");
     }
     Comm& comm_;
-    Comm* gather_comm_;
+    Comm& gather_comm_;
     const BucketLayout& layout_;
     float* grads_;
     bool gather_after_;

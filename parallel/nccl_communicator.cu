@@ -22,16 +22,21 @@ static void check_nccl(ncclResult_t result, const char* what) {
     if (result != ncclSuccess) throw std::runtime_error(std::string(what) + ": " + ncclGetErrorString(result));
 }
 
-// This group's completion events, reused in turn. A TP schedule has at most
-// four transfers of a group in flight; the data-parallel buckets can have
-// more than 32 (GPT-2 124M has 60). An event recorded again stands for a
-// later point of the same communication stream, so a transfer still holding
-// it can only see its completion late, never early: reuse is safe. Each
-// communicator has its own: groups do not share.
-cudaEvent_t NcclCommunicator::next_event() {
-    cudaEvent_t& event = events_[next_event_];
-    next_event_ = (next_event_ + 1) % events_.size();
-    if (!event) check_cuda(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate");
+// This group's completion events. A transfer holds one from its start
+// until test() finds it done or wait() has queued the compute stream's wait
+// on it (the wait takes the event's record as it is at the call); then it is
+// free for the next transfer. The pool grows to the most transfers of the
+// group in flight at once: 4 in a TP schedule, up to one per bucket for the
+// data-parallel buckets (60 for GPT-2 124M). Each communicator has its own.
+cudaEvent_t NcclCommunicator::take_event() {
+    if (free_events_.empty()) {
+        cudaEvent_t event = nullptr;
+        check_cuda(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate");
+        events_.push_back(event);
+        return event;
+    }
+    cudaEvent_t event = free_events_.back();
+    free_events_.pop_back();
     return event;
 }
 
@@ -106,7 +111,7 @@ void NcclCommunicator::after_compute() {
 
 NcclTransfer NcclCommunicator::finish_enqueue(const char* name, bool counts) {
     Transfer t;
-    t.done = next_event();
+    t.done = take_event();
     check_cuda(cudaEventRecord(t.done, comm_stream_), "cudaEventRecord");
     t.name = name;
     t.started = now_seconds();
@@ -122,6 +127,7 @@ bool NcclCommunicator::test(Transfer& t) {
     if (status == cudaErrorNotReady) return false;
     check_cuda(status, t.name);  // a fault on the stream is an error, not "not done yet"
     t.active = false;
+    free_events_.push_back(t.done);
     if (t.counts) {
         const double end = now_seconds();
         time.total += end - t.started;
@@ -134,6 +140,7 @@ void NcclCommunicator::wait(Transfer& t) {
     if (!t.active) return;
     check_cuda(cudaStreamWaitEvent(compute_stream_, t.done, 0), "cudaStreamWaitEvent");
     t.active = false;
+    free_events_.push_back(t.done);
     if (t.counts) time.total += now_seconds() - t.started;
 }
 

@@ -26,7 +26,6 @@
 #include <mpi.h>
 #include <nccl.h>
 
-#include <array>
 #include <cstddef>
 #include <memory>
 #include <string>
@@ -49,6 +48,8 @@ struct NcclTransfer {
 class NcclCommunicator {
 public:
     using Transfer = NcclTransfer;
+    // every operation runs on the group's one stream, in the order enqueued (dp_reduction.h)
+    static constexpr bool runs_in_enqueue_order = true;
     NcclCommunicator() = default;  // a group of one
     // Collective over comm: every rank of it makes the NCCL communicator
     // together. compute_stream: where the kernels run (the model's stream).
@@ -113,8 +114,8 @@ private:
     // The communication stream waits for the compute stream's work so far.
     void after_compute();
     void give_up(const char* name, double seconds);  // the watchdog's expiry
-    cudaEvent_t next_event();
-    float* block_scratch(size_t count);  // the reduce-scatter's blocks: one buffer, reused in stream order
+    cudaEvent_t take_event();                        // a completion event no transfer holds
+    float* block_scratch(size_t count);              // the reduce-scatter's blocks: one buffer, reused in stream order
     Transfer finish_enqueue(const char* name, bool counts);
     void all_reduce(void* data, size_t count, ncclDataType_t type, ncclRedOp_t op, size_t element_bytes);
     Communicator host_;  // the same group over MPI, for what lives on the host
@@ -122,10 +123,10 @@ private:
     ncclComm_t nccl_ = nullptr;
     cudaStream_t comm_stream_ = nullptr;
     cudaEvent_t compute_ready_ = nullptr;
-    std::array<cudaEvent_t, 32> events_{};  // completion events, reused in turn
+    std::vector<cudaEvent_t> events_;       // every completion event made, destroyed with the group
+    std::vector<cudaEvent_t> free_events_;  // those no transfer holds
     float* block_scratch_ = nullptr;
     size_t block_scratch_count_ = 0;
-    size_t next_event_ = 0;
     int world_rank_ = 0;
     std::unique_ptr<Watchdog> watchdog_;  // groups of more than one rank
 };

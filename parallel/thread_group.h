@@ -59,7 +59,8 @@ public:
     struct Transfer {
         bool active = false;  // complete on start: never in flight
     };
-    ThreadCommunicator() = default;  // a group of one
+    static constexpr bool runs_in_enqueue_order = false;  // as Communicator, whose bits it gives
+    ThreadCommunicator() = default;                       // a group of one
     ThreadCommunicator(ThreadGroup* group, int rank) : group_(group), rank_(rank), size_(group->size()) {}
     int rank() const { return rank_; }
     int size() const { return size_; }

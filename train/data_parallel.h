@@ -47,18 +47,22 @@ public:
     using Comm = typename Backend::Comm;
     // replicas: every rank holding these parameters (dp × cp), which sums
     // the gradients and gathers the parameters; gathers: the same ranks again,
-    // for the gradients' all-gathers (dp_reduction.h); tp: the model's group.
+    // for the gradients' all-gathers (dp_reduction.h; unused where the group
+    // runs in enqueue order, which may pass replicas); tp: the model's group.
     DataParallelStep(GPTModel<Backend>& model, Comm& replicas, Comm& gathers, Comm& tp,
                      const DataParallelSettings& settings)
         : model_(model), replicas_(replicas), tp_(tp), settings_(settings),
           buckets_(bucket_units(model.parameter_specs), settings.bucket_size, replicas.size()),
-          reduction_(replicas, &gathers, buckets_, model.grads.wte, !settings.distributed_optimizer) {
+          reduction_(replicas, gathers, buckets_, model.grads.wte, !settings.distributed_optimizer) {
         if (settings.distributed_optimizer)
             parameter_gather_ = std::make_unique<ParameterGather<Comm>>(replicas, buckets_, model.params.wte);
         cut_norm_ranges();
         norm_parts_.assign(2 * buckets_.buckets().size() * size_t(replicas.size()), 0.0);  // the step allocates nothing
         norm_sums_.assign(2 * buckets_.buckets().size(), 0.0);
     }
+    // the reduction and the gather hold references to buckets_: never copied or moved
+    DataParallelStep(const DataParallelStep&) = delete;
+    DataParallelStep& operator=(const DataParallelStep&) = delete;
 
     const BucketLayout& buckets() const { return buckets_; }
     // what the optimizer's state covers: this rank's pieces (distributed), or everything (null)

@@ -221,11 +221,14 @@ void token_embedding_backward(float* dwte, const bf16* dout, const int* inp, int
         if (id >= 0 && id < V_local) rows[counts[size_t(id)]++] = row;
     }
     if (S == 0) return;
-    if (host.size() > device_ints) {
+    // sized for the most segments (S ≤ N) at the first call of a shape, so that no later step
+    // allocates (cudaFree waits for the whole device, NCCL's transfers too)
+    const size_t capacity = 3 * size_t(N) + 1;
+    if (capacity > device_ints) {
         if (device) check_cuda(cudaFree(device), "cudaFree");
         device = nullptr;
-        check_cuda(cudaMalloc(&device, host.size() * sizeof(int)), "cudaMalloc of the token embedding's rows");
-        device_ints = host.size();
+        check_cuda(cudaMalloc(&device, capacity * sizeof(int)), "cudaMalloc of the token embedding's rows");
+        device_ints = capacity;
     }
     // from pageable memory: the copy has left `host` when it returns
     check_cuda(cudaMemcpyAsync(device, host.data(), host.size() * sizeof(int), cudaMemcpyHostToDevice, ctx.stream),
