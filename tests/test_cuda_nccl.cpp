@@ -93,6 +93,12 @@ TEST_F(CudaNccl, AGroupOfOneThroughNcclGivesEveryCollectivesResult) {
               int64_t(2 * n * sizeof(bf16)));  // one blocking, one started (a ring step counts none)
     EXPECT_EQ(group.bytes.reduce_scatter, int64_t(n * sizeof(bf16)));
 
+    // context parallelism's all-to-all (a block of one rank: its own)
+    out.upload(std::vector<bf16>(n, bf16(0.0f)));
+    group.all_to_all(in.data(), out.data(), n);
+    EXPECT_EQ(as_floats(out.download()), as_floats(x)) << "all-to-all";
+    EXPECT_EQ(group.bytes.all_to_all, int64_t(n * sizeof(bf16)));
+
     // the data-parallel buckets' collectives (a block of one rank: its data is the sum and the gather)
     const std::vector<int> counts = {3}, offsets = {0};
     NcclTransfer summed = group.start_reduce_scatter_blocks(device_f.data(), counts, offsets, "bucket");

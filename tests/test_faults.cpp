@@ -539,14 +539,18 @@ TEST(Faults, ARankThatNeverStartsEndsTheJobFromMpiInit) {
 
 // The gathers after the last step (a save's, the trace file's) wait under the
 // same deadline: rank 1 of a small program stalls 30 s before one of them.
-TEST(Faults, AStalledPeerInAGatherEndsTheJobAfterParallelTimeout) {
+TEST(Faults, AStalledPeerInACollectiveEndsTheJobAfterParallelTimeout) {
     if (!have_mpirun()) GTEST_SKIP() << "mpirun not installed, or tpsp built without MPI";
     fs::path dir = scratch_dir();
-    for (const auto& [which, says] : {std::pair{"trace", "the gather of the trace's lengths"},
-                                      std::pair{"gather", "the gather (rank 0 of a group of 2)"}}) {
+    for (const auto& [which, says] :
+         {std::pair{"trace", "the gather of the trace's lengths"},
+          std::pair{"gather", "the gather (rank 0 of a group of 2)"},
+          std::pair{"all-to-all", "the all-to-all (rank 0 of a group of 2)"},
+          std::pair{"bucket", "the DP reduce-scatter of gradients (rank 0 of a group of 2)"}}) {
         SCOPED_TRACE(which);
         const auto start = std::chrono::steady_clock::now();
-        Outcome r = run(mpi_env + bounded + "mpirun --oversubscribe -np 2 " + TPSP_STALLED_GATHER + " " + which, dir);
+        Outcome r = run(mpi_env + bounded + "mpirun --oversubscribe -np 2 " + TPSP_STALLED_COLLECTIVE + " " + which,
+                        dir);
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         EXPECT_NE(r.exit_code, 0);
         EXPECT_LT(seconds, 20.0) << "rank 0 waited for the stalled rank";

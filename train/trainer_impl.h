@@ -212,31 +212,30 @@ void Trainer<Backend>::build() {
     tp_comm_->link = {cfg_.parallel.emulated_link_gbps, cfg_.parallel.emulated_link_latency_us};
     dp_comm_->link = tp_comm_->link;  // the one link every group's transfers cross
     if (cp_comm_) cp_comm_->link = tp_comm_->link;
-    MPI_Comm gathers;  // the all-gathers start in an order of their own (parallel/dp_reduction.h)
-    MPI_Comm_dup(*grid_.replica_group.mpi(), &gathers);
-    dp_gather_comm_ = Backend::make_group(gathers);
-    dp_gather_comm_->link = tp_comm_->link;
+    if constexpr (!Comm::runs_in_enqueue_order) {
+        MPI_Comm gathers;  // the all-gathers start in an order of their own (parallel/dp_reduction.h)
+        MPI_Comm_dup(*grid_.replica_group.mpi(), &gathers);
+        dp_gather_comm_ = Backend::make_group(gathers);
+        dp_gather_comm_->link = tp_comm_->link;
+    }
     if (!cfg_.logging.trace.empty()) {
         tracer_.enable(size_t(200000));
         tracer_.fence = Backend::synchronize;  // on a GPU the spans then time the kernels, not their launches
         tp_comm_->tracer = &tracer_;
         if (cp_comm_) cp_comm_->tracer = &tracer_;  // on the TP row: both are the model's own transfers
-        for (Comm* dp : {dp_comm_.get(), dp_gather_comm_.get()}) {
-            dp->tracer = &tracer_;
-            dp->track = Track::data_parallel;  // a row of its own
-        }
+        for (Comm* dp : {dp_comm_.get(), dp_gather_comm_.get()})
+            if (dp) {
+                dp->tracer = &tracer_;
+                dp->track = Track::data_parallel;  // a row of its own
+            }
     }
     const TensorParallelism tp{grid_.tp, grid_.tp_rank, cfg_.parallel.sequence_parallel, cfg_.overlap()};
-    if (grid_.cp > 1 && !std::is_same_v<Backend, CpuBackend>)  // train.device: auto chose the GPU
-        throw ConfigError(
-            "parallel.cp: cp > 1 on the GPU has run only in the one-GPU stand-in's tests (the NCCL "
-            "all-to-all has not run): train.device: cpu");
     RunShape rank_shape = shape_;  // under CP the model holds s/cp positions of each sequence (§9)
     rank_shape.seq_len = shape_.seq_len / grid_.cp;
     model_ = std::make_unique<GPTModel<Backend>>(gpt_, rank_shape, tp, tp_comm_.get(), cp_comm_.get());
     const Config::Parallel& parallel = cfg_.parallel;
     data_parallel_ = std::make_unique<DataParallelStep<Backend>>(
-        *model_, *dp_comm_, *dp_gather_comm_, *tp_comm_,
+        *model_, *dp_comm_, dp_gather_comm_ ? *dp_gather_comm_ : *dp_comm_, *tp_comm_,
         DataParallelSettings{parallel.bucket_size, parallel.distributed_optimizer, parallel.overlap_grad_reduce,
                              parallel.overlap_param_gather});
     const Config::Train& t = cfg_.train;
@@ -566,9 +565,11 @@ StepMetrics Trainer<Backend>::train_step(int step) {
     m.dp_bytes = dp_comm_->bytes;
     m.dp_comm = dp_comm_->time;
     if (cp_comm_) m.cp_bytes = cp_comm_->bytes, m.cp_comm = cp_comm_->time;
-    m.dp_bytes.all_gather += dp_gather_comm_->bytes.all_gather;
-    m.dp_comm.total += dp_gather_comm_->time.total;
-    m.dp_comm.exposed += dp_gather_comm_->time.exposed;
+    if (dp_gather_comm_) {
+        m.dp_bytes.all_gather += dp_gather_comm_->bytes.all_gather;
+        m.dp_comm.total += dp_gather_comm_->time.total;
+        m.dp_comm.exposed += dp_gather_comm_->time.exposed;
+    }
     return m;
 }
 
