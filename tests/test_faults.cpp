@@ -1062,6 +1062,34 @@ TEST(Faults, ACommandWhoseOutputIsLostExitsNonZero) {
     }
 }
 
+// `tpsp export` of a trained model writes the directory and says so; its
+// mistakes are one line each and leave an earlier export as it was
+// (model/hf_export.h; the files themselves: test_hf_export.cpp).
+TEST(Faults, ExportWritesATrainedModelAndItsMistakesAreOneLine) {
+    fs::path dir = scratch_dir();
+    ASSERT_EQ(run(tiny_train(dir, fast + "train.steps=1"), dir).exit_code, 0);
+    const std::string model = (dir / "ckpt" / "model_00000001.bin").string(), out = (dir / "hf").string();
+    Outcome exported = run(bounded + tpsp_binary + " export " + model + " " + out, dir);
+    EXPECT_EQ(exported.exit_code, 0) << exported.err;
+    EXPECT_NE(exported.out.find("model.safetensors config.json generation_config.json"), std::string::npos)
+        << exported.out;
+    const std::string before = read_text(dir / "hf" / "model.safetensors");
+    EXPECT_GT(before.size(), 8u);
+    Outcome again = run(bounded + tpsp_binary + " export " + model + " " + out + " --dtype bfloat16", dir);
+    EXPECT_EQ(again.exit_code, 1);
+    expect_one_line(again, "model.safetensors: exists (an earlier export?): give --replace to overwrite it");
+    EXPECT_EQ(read_text(dir / "hf" / "model.safetensors"), before);
+    Outcome dtype = run(bounded + tpsp_binary + " export " + model + " " + out + " --dtype float16", dir);
+    EXPECT_EQ(dtype.exit_code, 2);
+    expect_one_line(dtype, "--dtype");
+    Outcome missing = run(bounded + tpsp_binary + " export " + (dir / "none.bin").string() + " " + out, dir);
+    EXPECT_EQ(missing.exit_code, 1);
+    expect_one_line(missing, "none.bin");
+    Outcome replaced = run(bounded + tpsp_binary + " export " + model + " " + out + " --dtype bfloat16 --replace", dir);
+    EXPECT_EQ(replaced.exit_code, 0) << replaced.err;
+    EXPECT_LT(read_text(dir / "hf" / "model.safetensors").size(), before.size()) << "bf16 is half the bytes";
+}
+
 // Only tpsp's own temporaries (NAME.tpsp-tmp.<pid>, .tpsp-probe.<pid>) are
 // cleaned up: a user's files that merely look temporary are left alone.
 TEST(Faults, StaleTemporariesAreRemovedAndKeepLastPrunesOlderCheckpoints) {

@@ -25,6 +25,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -37,6 +38,7 @@
 #include "data/gpt2_tokenizer.h"
 #include "data/prepare.h"
 #include "model/cpu_blas.h"
+#include "model/hf_export.h"
 #include "model/memory_report.h"
 #include "parallel/communicator.h"
 #include "train/adamw.h"
@@ -268,6 +270,24 @@ void add_sample_options(CLI::App* sample, std::string& checkpoint, SampleOptions
         ->capture_default_str();
 }
 
+void add_export_options(CLI::App* command, std::vector<std::string>& paths, ExportOptions& options) {
+    command->add_option("checkpoint", paths, "an llm.c model file (model_N.bin), then the directory to write")
+        ->required()
+        ->expected(2);
+    command->add_option("--dtype", options.dtype, "of the weights in model.safetensors")
+        ->transform(CLI::CheckedTransformer(
+            std::map<std::string, ExportDtype>{{"float32", ExportDtype::float32}, {"bfloat16", ExportDtype::bfloat16}}))
+        ->default_str("float32");
+    command->add_option("--tokenizer-dir", options.tokenizer_dir, "GPT-2 vocabulary models: encoder.json and vocab.bpe")
+        ->capture_default_str();
+    command->add_flag("--replace", options.replace, "overwrite the files of an earlier export");
+}
+
+int command_export(const std::vector<std::string>& paths, const ExportOptions& options) {
+    std::fputs(export_hugging_face(paths[0], paths[1], options).c_str(), stdout);
+    return 0;
+}
+
 // The exit code of a command whose product is what it prints (sample's text,
 // memory's tables, eval's loss): not 0 when that did not reach stdout (a
 // full disk, a closed pipe), since the output is then lost.
@@ -345,6 +365,8 @@ struct CommandLine {
     PrepareOptions prepare_options;
     std::string checkpoint;
     SampleOptions sample_options;
+    std::vector<std::string> export_paths;  // the checkpoint, then the directory
+    ExportOptions export_options;
     bool this_process_only = false;
     Config cfg;
     StartOutcome start;
@@ -388,6 +410,8 @@ void read_command_line(int argc, char** argv, bool lead, CommandLine& line) {
                         line.prepare_options);
     add_sample_options(app.add_subcommand("sample", "generate text from a checkpoint (KV cache)"), line.checkpoint,
                        line.sample_options);
+    add_export_options(app.add_subcommand("export", "a checkpoint as a Hugging Face GPT-2 directory (safetensors)"),
+                       line.export_paths, line.export_options);
     app.add_subcommand("config-reference", "every config key, its type and default");
     app.add_subcommand("versions", "the build's options and the libraries loaded (BLAS, MPI, CUDA, cuDNN, NCCL)");
     app.add_subcommand("blas-peak", "sgemm GFLOP/s of every kernel set this CPU supports; holds the best")
@@ -413,6 +437,7 @@ int run_command(CommandLine& line, bool lead) {
     if (command == "memory") return printed(command_memory(cfg), lead);
     if (command == "bench") return printed(command_bench(cfg, line.bench_args.path, line.bench_options), lead);
     if (command == "sample") return printed(sample_command(line.checkpoint, line.sample_options), lead);
+    if (command == "export") return printed(command_export(line.export_paths, line.export_options), lead);
     if (command == "blas-peak") return printed(command_blas_peak(line.this_process_only), lead);
     if (command == "versions") return printed(command_versions(), lead);
     std::fputs(config_reference().c_str(), stdout);  // config-reference
