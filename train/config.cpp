@@ -363,10 +363,6 @@ void validate(const Config& c, const std::string& where) {
         if (c.train.seq_len % (2 * cp * t) != 0)
             fail("parallel.cp", "2 · cp · tp = " + std::to_string(2 * cp * t) + " does not divide train.seq_len = " +
                                     std::to_string(c.train.seq_len) + " (2 · cp chunks of positions, cut by tp)");
-        if (c.train.device == "cuda")
-            fail("parallel.cp",
-                 "cp > 1 on the GPU has run only in the one-GPU stand-in's tests (the NCCL "
-                 "all-to-all has not run): train.device: cpu");
         if (c.model.attention == "cudnn")
             fail("parallel.cp", "cp > 1 runs the explicit attention kernels only so far (model.attention: explicit)");
     }
