@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/scratch_dir.h"
+
 namespace tpsp::e2e {
 
 namespace fs = std::filesystem;
@@ -32,14 +34,7 @@ inline std::string read_text(const fs::path& path) {
     return ss.str();
 }
 
-// A fresh directory per test, under the build tree.
-inline fs::path scratch_dir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    fs::path dir = fs::path(TPSP_SCRATCH) / (std::string(info->test_suite_name()) + "." + info->name());
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-    return dir;
-}
+using tpsp::testing::scratch_dir;  // a fresh directory per test, under the build tree
 
 inline Outcome run(const std::string& args, const fs::path& dir) {
     fs::path out = dir / "stdout.txt", err = dir / "stderr.txt";

@@ -22,21 +22,16 @@
 #include "model/checkpoint.h"
 #include "model/gpt.h"
 #include "model/hf_export.h"
+#include "tests/scratch_dir.h"
 #include "tests/test_support.h"
 
 namespace fs = std::filesystem;
 using tpsp::ExportDtype;
 using tpsp::ExportOptions;
 
-namespace {
+using tpsp::testing::scratch_dir;
 
-fs::path scratch_dir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    fs::path dir = fs::path(TPSP_SCRATCH) / (std::string(info->test_suite_name()) + "." + info->name());
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-    return dir;
-}
+namespace {
 
 // V = 61 padded to 64, so that wte's padded rows must be dropped; 3 layers,
 // so that "h.10"-style sorting is not needed but the layers' order is.

@@ -21,18 +21,13 @@
 #include "data/gpt2_tokenizer.h"
 #include "data/token_shards.h"
 #include "model/checkpoint.h"
+#include "tests/scratch_dir.h"
 
 namespace fs = std::filesystem;
 
-namespace {
+using tpsp::testing::scratch_dir;
 
-fs::path scratch_dir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    fs::path dir = fs::path(TPSP_SCRATCH) / (std::string(info->test_suite_name()) + "." + info->name());
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-    return dir;
-}
+namespace {
 
 std::string read_bytes(const fs::path& path) {
     std::ifstream in(path, std::ios::binary);
