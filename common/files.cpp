@@ -82,13 +82,19 @@ void AtomicFile::reserve(size_t bytes) {
     reserved_ = true;
 }
 
-void AtomicFile::commit() {
-    ok_ = std::fflush(file_) == 0 && ok_;
-    if (reserved_) ok_ = ok_ && ::ftruncate(::fileno(file_), off_t(written_)) == 0;  // the reserve's unused tail
-    ok_ = ok_ && ::fsync(::fileno(file_)) == 0;  // the bytes on disk before the name points at them
-    ok_ = std::fclose(file_) == 0 && ok_;
-    file_ = nullptr;
+void AtomicFile::finish() {
+    if (file_) {
+        ok_ = std::fflush(file_) == 0 && ok_;
+        if (reserved_) ok_ = ok_ && ::ftruncate(::fileno(file_), off_t(written_)) == 0;  // the reserve's unused tail
+        ok_ = ok_ && ::fsync(::fileno(file_)) == 0;  // the bytes on disk before the name points at them
+        ok_ = std::fclose(file_) == 0 && ok_;
+        file_ = nullptr;
+    }
     if (!ok_) throw FileError(tmp_ + ": write failed (disk full?)");
+}
+
+void AtomicFile::commit() {
+    finish();
     if (std::rename(tmp_.c_str(), path_.c_str()) != 0)
         throw FileError(path_ + ": cannot rename " + tmp_ + " into place");
     committed_ = true;

@@ -45,6 +45,10 @@ public:
     // after; commit() cuts the file to what was written. A FileError if the
     // space is not there.
     void reserve(size_t bytes);
+    // Everything written reaches the disk and the temporary is closed (a
+    // FileError if not); commit() then only renames. For several files that
+    // must appear together: finish every one, then commit every one.
+    void finish();
     void commit();
 
 private:

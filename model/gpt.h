@@ -236,6 +236,9 @@ public:
     // L + 1 the final LayerNorm and LM head, for the data-parallel gathers of the parameters that stage reads (§8).
     float forward(const int* inputs, const int* targets, const DropoutStep& draw, bool training = true,
                   const std::function<void(int stage)>& parameters_needed = {});
+    // The last forward's loss of each position, into out [b, s] on the host
+    // (the inputs' order). Every TP rank has them all; at cp = 1 only.
+    void token_losses(float* out);
     // Accumulates into grads the gradient of dloss_scale · Σ token losses.
     // Uses the inputs and activations of the last forward; overwrites logits.
     // After block l's backward, grads_final(L − l), where set: block l's

@@ -586,6 +586,15 @@ float GPTModel<Backend>::forward(const int* inputs, const int* targets, const Dr
     return float(mean / cp.size);
 }
 
+template <class Backend>
+void GPTModel<Backend>::token_losses(float* out) {
+    const int B = shape.batch, T = shape.seq_len;
+    std::vector<float> rows(size_t(B) * T);  // [s, b], the activations' order
+    Backend::download(rows.data(), outside.losses, sizeof(float) * rows.size());
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) out[size_t(b) * T + t] = rows[size_t(t) * B + b];
+}
+
 // ----------------------------------------------------------------------------
 // backward
 

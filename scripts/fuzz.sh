@@ -11,5 +11,5 @@ seconds="${1:-20}"
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTPSP_FUZZ=ON \
   -DTPSP_MPI=OFF -DTPSP_CUDA=OFF -DTPSP_ONEDNN=OFF -DTPSP_FUZZ_SECONDS="$seconds" > /dev/null
 cmake --build build-fuzz -j"$(nproc)" --target fuzz_config fuzz_token_shard fuzz_checkpoint fuzz_run_directory \
-  fuzz_llmc_tokenizer fuzz_gpt2_tokenizer
+  fuzz_llmc_tokenizer fuzz_gpt2_tokenizer fuzz_safetensors fuzz_hellaswag
 cd build-fuzz && ctest -L fuzz --output-on-failure -j"$(nproc)"

@@ -71,8 +71,8 @@ ctest --test-dir build-asan -L mpi \
   -E 'EveryOverlapSwitchLeavesTheLossesUnchanged|EveryDataParallelModeTrainsTheBitsOfPlainDataParallelism|ContextParallelTraining|AStalledPeerInACollective' \
   --output-on-failure -j"$jobs"
 
-phase "fuzz targets (scripts/fuzz.sh 15: clang, libFuzzer, ASan+UBSan; 15 s each on its seed corpus)"
-scripts/fuzz.sh 15
+phase "fuzz targets (scripts/fuzz.sh 12: clang, libFuzzer, ASan+UBSan; 12 s each on its seed corpus)"
+scripts/fuzz.sh 12
 
 phase "build without MPI and without cuDNN (-DTPSP_MPI=OFF -DTPSP_CUDNN=OFF, -DTPSP_WERROR=ON), 3 steps"
 cmake -S . -B build-nompi -G Ninja -DCMAKE_BUILD_TYPE=Release -DTPSP_MPI=OFF -DTPSP_CUDNN=OFF -DTPSP_WERROR=ON \

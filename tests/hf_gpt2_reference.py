@@ -4,7 +4,7 @@ run on a `tpsp export` directory: it reads model.safetensors and config.json
 by the formats' descriptions, uses transformers' parameter names and the
 Conv1D convention (y = x·W + b with W stored [in, out]), and computes the
 logits in float64. They must equal the logits tpsp computed on the same
-tokens (tests/test_hf_export.cpp writes them) within 1e-4.
+tokens (tests/test_hf_gpt2.cpp writes them) within 1e-4.
 
     python3 tests/hf_gpt2_reference.py EXPORT_DIR TPSP_LOGITS.json
 """

@@ -1064,7 +1064,7 @@ TEST(Faults, ACommandWhoseOutputIsLostExitsNonZero) {
 
 // `tpsp export` of a trained model writes the directory and says so; its
 // mistakes are one line each and leave an earlier export as it was
-// (model/hf_export.h; the files themselves: test_hf_export.cpp).
+// (model/hf_gpt2.h; the files themselves: test_hf_gpt2.cpp).
 TEST(Faults, ExportWritesATrainedModelAndItsMistakesAreOneLine) {
     fs::path dir = scratch_dir();
     ASSERT_EQ(run(tiny_train(dir, fast + "train.steps=1"), dir).exit_code, 0);
@@ -1075,6 +1075,17 @@ TEST(Faults, ExportWritesATrainedModelAndItsMistakesAreOneLine) {
         << exported.out;
     const std::string before = read_text(dir / "hf" / "model.safetensors");
     EXPECT_GT(before.size(), 8u);
+    // and back: `tpsp import` gives the trained checkpoint's bytes again
+    const std::string back = (dir / "back.bin").string();
+    Outcome imported = run(bounded + tpsp_binary + " import " + out + " " + back, dir);
+    EXPECT_EQ(imported.exit_code, 0) << imported.err;
+    EXPECT_EQ(read_text(back), read_text(model)) << "export → import is not the checkpoint";
+    Outcome exists = run(bounded + tpsp_binary + " import " + out + " " + back, dir);
+    EXPECT_EQ(exists.exit_code, 1);
+    expect_one_line(exists, "back.bin: exists: give --replace to overwrite it");
+    Outcome not_hf = run(bounded + tpsp_binary + " import " + (dir / "ckpt").string() + " " + back + " --replace", dir);
+    EXPECT_EQ(not_hf.exit_code, 1);
+    expect_one_line(not_hf, "config.json: missing: not a Hugging Face model directory");
     Outcome again = run(bounded + tpsp_binary + " export " + model + " " + out + " --dtype bfloat16", dir);
     EXPECT_EQ(again.exit_code, 1);
     expect_one_line(again, "model.safetensors: exists (an earlier export?): give --replace to overwrite it");
@@ -1088,6 +1099,33 @@ TEST(Faults, ExportWritesATrainedModelAndItsMistakesAreOneLine) {
     Outcome replaced = run(bounded + tpsp_binary + " export " + model + " " + out + " --dtype bfloat16 --replace", dir);
     EXPECT_EQ(replaced.exit_code, 0) << replaced.err;
     EXPECT_LT(read_text(dir / "hf" / "model.safetensors").size(), before.size()) << "bf16 is half the bytes";
+}
+
+// `tpsp eval --hellaswag` (train/hellaswag.h) and train.hellaswag_every: a
+// file with a mistake is one line naming the line, before any work.
+TEST(Faults, AHellaSwagFileWithAMistakeIsOneLineNamingItsLine) {
+    fs::path dir = scratch_dir();
+    ASSERT_EQ(run(tiny_train(dir, fast + "train.steps=1"), dir).exit_code, 0);
+    const std::string good = "{\"ctx\": \"And God said\", \"endings\": [\"a\", \"b\", \"c\", \"d\"], \"label\": 0}\n";
+    const fs::path file = write_file(
+        dir / "hellaswag.jsonl",
+        good + good + "{\"ctx\": \"x\", \"endings\": [\"a\", \"\", \"c\", \"d\"], \"label\": 0}\n");
+    Outcome eval = run(bounded + tpsp_binary + " eval " + tiny + " " + fast + "checkpoint.init=" +
+                           (dir / "ckpt" / "model_00000001.bin").string() + " --hellaswag " + file.string(),
+                       dir);
+    EXPECT_EQ(eval.exit_code, 1);
+    expect_one_line(eval, "hellaswag.jsonl:3: ending 1 is empty");
+    write_file(file, good + "{\"ctx\": \"x\", \"endings\": [\"a\", \"b\", \"c\", \"d\"], \"label\": 7}\n");
+    Outcome training = run(tiny_train(dir, fast +
+                                               "train.steps=2 checkpoint.dir= train.hellaswag_every=1 "
+                                               "data.hellaswag=" +
+                                               file.string()),
+                           dir);
+    EXPECT_EQ(training.exit_code, 1);
+    expect_one_line(training, "hellaswag.jsonl:2: label 7 is not an ending's index (0 to 3)");
+    Outcome no_file = run(tiny_train(dir, fast + "train.steps=2 checkpoint.dir= train.hellaswag_every=1"), dir);
+    EXPECT_EQ(no_file.exit_code, 1);
+    expect_one_line(no_file, "data.hellaswag: train.hellaswag_every needs the HellaSwag file");
 }
 
 // Only tpsp's own temporaries (NAME.tpsp-tmp.<pid>, .tpsp-probe.<pid>) are

@@ -1064,3 +1064,58 @@ TEST(DataParallelTraining, ACheckpointOfTheDistributedOptimizerResumesWithoutItA
         }
     }
 }
+
+// ----------------------------------------------------------------------------
+// HellaSwag (train/hellaswag.h): scored in training at t = 2, and by tpsp
+// eval of the saved model at t = 1, 2, 4, at dp = 2 and at dp = 2 × t = 2:
+// the same counts every time.
+
+TEST(HellaSwagTraining, TheCountsAreTheSameAtAnyTensorParallelSizeAndDataParallelRanks) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not installed";
+    fs::path dir = scratch_dir();
+    // nine examples of the corpus' kind, each context with a right ending and three of other verses
+    const char* verses[] = {"In the beginning God created the heaven and the earth.",
+                            "And God said, Let there be light: and there was light.",
+                            "The LORD is my shepherd; I shall not want.",
+                            "For God so loved the world, that he gave his only begotten Son.",
+                            "And the children of Israel went into the midst of the sea.",
+                            "Blessed are the meek: for they shall inherit the earth.",
+                            "Jesus wept.",
+                            "Ask, and it shall be given you; seek, and ye shall find.",
+                            "And the evening and the morning were the first day."};
+    std::string lines;
+    for (int e = 0; e < 9; e++) {
+        const std::string verse = verses[e];
+        const size_t cut = verse.find(' ', verse.size() / 2);
+        nlohmann::json example = {{"ctx", verse.substr(0, cut)}, {"label", e % 4}};
+        for (int k = 0; k < 4; k++) {
+            const std::string other = verses[k == e % 4 ? e : (e + k + 1) % 9];
+            example["endings"].push_back(k == e % 4 ? verse.substr(cut + 1) : other.substr(other.size() / 2));
+        }
+        lines += example.dump() + "\n";
+    }
+    const fs::path hellaswag = write_file(dir / "hellaswag.jsonl", lines);
+    Outcome trained = run(mpirun(2) + tiny_train(dir, short_run + "train.steps=4 parallel.tp=2 data.hellaswag=" +
+                                                          hellaswag.string() + " train.hellaswag_every=4"),
+                          dir);
+    ASSERT_EQ(trained.exit_code, 0) << trained.err;
+    const std::vector<std::string> in_training = field(dir / "metrics.jsonl", "hellaswag_acc_norm");
+    ASSERT_EQ(in_training.size(), 1u);
+    const std::pair<int, std::string> launches[] = {
+        {1, ""}, {2, "parallel.tp=2"}, {4, "parallel.tp=4"}, {2, ""}, {4, "parallel.tp=2"}};
+    std::vector<std::string> printed;
+    for (const auto& [ranks, layout] : launches) {
+        SCOPED_TRACE(std::to_string(ranks) + " ranks " + layout);
+        Outcome eval = run(mpirun(ranks) + tpsp_binary + " eval " + tiny + " train.batch_size=8 train.seq_len=64 " +
+                               "train.threads=1 checkpoint.init=" + (dir / "ckpt" / "model_00000004.bin").string() +
+                               " --hellaswag " + hellaswag.string() + " " + layout,
+                           dir);
+        ASSERT_EQ(eval.exit_code, 0) << eval.err;
+        ASSERT_EQ(eval.out.rfind("hellaswag: acc_norm ", 0), 0u) << eval.out;
+        printed.push_back(eval.out);
+    }
+    for (size_t i = 1; i < printed.size(); i++) EXPECT_EQ(printed[i], printed[0]) << "launch " << i;
+    const int right = std::stoi(printed[0].substr(std::string("hellaswag: acc_norm ").size()));
+    EXPECT_NE(printed[0].find("/9 ("), std::string::npos) << printed[0];
+    EXPECT_EQ(std::stof(in_training[0]), float(right) / 9.0f) << "training's score differs from eval's";
+}

@@ -155,6 +155,11 @@ const std::vector<Key>& keys() {
                    "glob of validation token shards; \"\" for none"),
         string_key("data.tokenizer", [](Config& c) -> std::string& { return c.data.tokenizer; }, {},
                    "llm.c gpt2_tokenizer.bin that decodes samples of a GPT-2-vocabulary model"),
+        string_key("data.hellaswag", [](Config& c) -> std::string& { return c.data.hellaswag; }, {},
+                   "HellaSwag's validation file (JSON lines: ctx, endings, label), scored every "
+                   "train.hellaswag_every steps and by tpsp eval --hellaswag; \"\" for none"),
+        string_key("data.bpe_dir", [](Config& c) -> std::string& { return c.data.bpe_dir; }, {},
+                   "GPT-2's encoder.json and vocab.bpe, to encode HellaSwag for a model of GPT-2's vocabulary"),
         int_key("train.batch_size", [](Config& c) -> int& { return c.train.batch_size; }, 1, "micro-batch b"),
         int_key("train.seq_len", [](Config& c) -> int& { return c.train.seq_len; }, 1, "sequence length s"),
         int_key("train.grad_accum", [](Config& c) -> int& { return c.train.grad_accum; }, 1,
@@ -180,6 +185,8 @@ const std::vector<Key>& keys() {
                 "validation loss every N steps (and at the end); 0 is never"),
         int_key("train.val_batches", [](Config& c) -> int& { return c.train.val_batches; }, 1,
                 "batches per validation"),
+        int_key("train.hellaswag_every", [](Config& c) -> int& { return c.train.hellaswag_every; }, 0,
+                "HellaSwag's score of data.hellaswag every N steps (and at the end); 0 is never"),
         {"train.seed", "int", "seed of the initial weights and of the dropout masks, 0 … 2^64 − 1",
          [](Config& c, const std::string& text) { c.train.seed = parse_uint64(text); },
          [](const Config& c) { return std::to_string(c.train.seed); }},
@@ -366,6 +373,12 @@ void validate(const Config& c, const std::string& where) {
         if (c.model.attention == "cudnn")
             fail("parallel.cp", "cp > 1 runs the explicit attention kernels only so far (model.attention: explicit)");
     }
+    if (c.train.hellaswag_every > 0 && c.data.hellaswag.empty())
+        fail("data.hellaswag", "train.hellaswag_every needs the HellaSwag file");
+    if (!c.data.hellaswag.empty() && c.model.vocab_size != 256 && c.model.vocab_size != 50257)
+        fail("data.hellaswag", "a model of " + std::to_string(c.model.vocab_size) +
+                                   " tokens: HellaSwag is encoded with bytes (vocab_size 256) or GPT-2's BPE (50257)");
+    if (c.train.hellaswag_every > 0 && cp > 1) fail("train.hellaswag_every", "HellaSwag is scored at parallel.cp = 1");
     if (c.logging.sample_every > 0 && c.model.vocab_size != 256 && c.data.tokenizer.empty())
         fail("data.tokenizer", "logging.sample_every needs the tokenizer file that decodes GPT-2 tokens");
     if (c.parallel.tp_comm_overlap && !c.parallel.sequence_parallel)

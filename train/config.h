@@ -29,6 +29,8 @@ struct Config {
         std::string train = "data/kjv/train_*.bin";
         std::string val = "data/kjv/val_*.bin";
         std::string tokenizer;  // llm.c's gpt2_tokenizer.bin, to print samples of a GPT-2-vocabulary model
+        std::string hellaswag;  // HellaSwag's JSON lines (train/hellaswag.h); "" for none
+        std::string bpe_dir = "data/gpt2_tokenizer";  // encoder.json, vocab.bpe: HellaSwag's GPT-2 tokens
     } data;
     struct Train {
         int batch_size = 16, seq_len = 128, grad_accum = 1;
@@ -40,6 +42,7 @@ struct Config {
         bool decay_all = false;  // decay every tensor, not only the matrices
         float grad_clip = 1.0f;  // 0: off
         int val_every = 100, val_batches = 20;
+        int hellaswag_every = 0;  // 0: never
         uint64_t seed = 1337;
         int threads = 0;             // 0: OpenMP's default
         std::string device = "cpu";  // cpu | cuda | auto

@@ -1,11 +1,13 @@
 // tpsp: a GPT-2 trainer with every pass written by hand.
 //
 //   tpsp train   CONFIG.yaml [section.key=value ...]
-//   tpsp eval    CONFIG.yaml checkpoint.init=FILE
+//   tpsp eval    CONFIG.yaml checkpoint.init=FILE [--hellaswag FILE.jsonl]
 //   tpsp memory  CONFIG.yaml [section.key=value ...]
 //   tpsp bench   CONFIG.yaml [section.key=value ...] [--steps N] [--breakdown]
 //   tpsp prepare --tokenizer byte|gpt2 INPUT... OUT_DIR [options]
 //   tpsp sample  CHECKPOINT [--prompt TEXT] [--tokens N] ...
+//   tpsp export  CHECKPOINT OUT_DIR [--dtype float32|bfloat16]
+//   tpsp import  HF_DIR OUT.bin [--padded-vocab N]
 //   tpsp config-reference
 //   tpsp versions
 //
@@ -38,7 +40,7 @@
 #include "data/gpt2_tokenizer.h"
 #include "data/prepare.h"
 #include "model/cpu_blas.h"
-#include "model/hf_export.h"
+#include "model/hf_gpt2.h"
 #include "model/memory_report.h"
 #include "parallel/communicator.h"
 #include "train/adamw.h"
@@ -270,21 +272,42 @@ void add_sample_options(CLI::App* sample, std::string& checkpoint, SampleOptions
         ->capture_default_str();
 }
 
-void add_export_options(CLI::App* command, std::vector<std::string>& paths, ExportOptions& options) {
-    command->add_option("checkpoint", paths, "an llm.c model file (model_N.bin), then the directory to write")
-        ->required()
-        ->expected(2);
-    command->add_option("--dtype", options.dtype, "of the weights in model.safetensors")
-        ->transform(CLI::CheckedTransformer(
-            std::map<std::string, ExportDtype>{{"float32", ExportDtype::float32}, {"bfloat16", ExportDtype::bfloat16}}))
-        ->default_str("float32");
+// Export's and import's positionals: where from, where to.
+struct ConversionPaths {
+    std::string from, to;
+};
+
+void add_export_options(CLI::App* command, ConversionPaths& paths, ExportOptions& options, std::string& dtype) {
+    command->add_option("checkpoint", paths.from, "an llm.c model file (model_N.bin)")->required();
+    command->add_option("out_dir", paths.to, "the directory to write (made if missing)")->required();
+    command->add_option("--dtype", dtype, "of the weights in model.safetensors")
+        ->check(CLI::IsMember({"float32", "bfloat16"}))
+        ->capture_default_str();
     command->add_option("--tokenizer-dir", options.tokenizer_dir, "GPT-2 vocabulary models: encoder.json and vocab.bpe")
         ->capture_default_str();
     command->add_flag("--replace", options.replace, "overwrite the files of an earlier export");
 }
 
-int command_export(const std::vector<std::string>& paths, const ExportOptions& options) {
-    std::fputs(export_hugging_face(paths[0], paths[1], options).c_str(), stdout);
+int command_export(const ConversionPaths& paths, ExportOptions options, const std::string& dtype) {
+    options.dtype = dtype == "bfloat16" ? ExportDtype::bfloat16 : ExportDtype::float32;
+    std::fputs(export_hugging_face(paths.from, paths.to, options).c_str(), stdout);
+    return 0;
+}
+
+void add_import_options(CLI::App* command, ConversionPaths& paths, ImportOptions& options) {
+    command->add_option("hf_dir", paths.from, "a Hugging Face GPT-2 directory (config.json, model.safetensors)")
+        ->required();
+    command->add_option("out", paths.to, "the llm.c model file to write")->required();
+    command
+        ->add_option("--padded-vocab", options.padded_vocab_size,
+                     "rows of wte in the checkpoint (Vp); 0 rounds the vocabulary up to a multiple of 128")
+        ->check(at_least(0))
+        ->capture_default_str();
+    command->add_flag("--replace", options.replace, "overwrite an existing file");
+}
+
+int command_import(const ConversionPaths& paths, const ImportOptions& options) {
+    std::fputs(import_hugging_face(paths.from, paths.to, options).c_str(), stdout);
     return 0;
 }
 
@@ -360,13 +383,16 @@ void refuse_several_ranks(const std::string& command, StartOutcome& start) {
 struct CommandLine {
     std::string command;  // empty when the command line stopped the run (--help, an error)
     ConfigArgs train_args, eval_args, memory_args, bench_args;
+    std::string eval_hellaswag;
     BenchOptions bench_options;
     std::vector<std::string> prepare_paths;
     PrepareOptions prepare_options;
     std::string checkpoint;
     SampleOptions sample_options;
-    std::vector<std::string> export_paths;  // the checkpoint, then the directory
+    ConversionPaths export_paths, import_paths;
     ExportOptions export_options;
+    std::string export_dtype = "float32";
+    ImportOptions import_options;
     bool this_process_only = false;
     Config cfg;
     StartOutcome start;
@@ -400,7 +426,10 @@ void read_command_line(int argc, char** argv, bool lead, CommandLine& line) {
     CLI::App app{"tpsp: a GPT-2 trainer with tensor and sequence parallelism, every pass written by hand", "tpsp"};
     app.require_subcommand(1);
     add_config_arguments(app.add_subcommand("train", "train as the config says"), line.train_args);
-    add_config_arguments(app.add_subcommand("eval", "validation loss of checkpoint.init"), line.eval_args);
+    CLI::App* eval = app.add_subcommand("eval", "validation loss (or HellaSwag's score) of checkpoint.init");
+    add_config_arguments(eval, line.eval_args);
+    eval->add_option("--hellaswag", line.eval_hellaswag,
+                     "score HellaSwag's JSON-lines file instead (the same as data.hellaswag=FILE)");
     add_config_arguments(app.add_subcommand("memory", "the saved-activation table and its formula, per rank"),
                          line.memory_args);
     CLI::App* bench = app.add_subcommand("bench", "time forward+backward: ms, tokens/s, MFU");
@@ -411,7 +440,9 @@ void read_command_line(int argc, char** argv, bool lead, CommandLine& line) {
     add_sample_options(app.add_subcommand("sample", "generate text from a checkpoint (KV cache)"), line.checkpoint,
                        line.sample_options);
     add_export_options(app.add_subcommand("export", "a checkpoint as a Hugging Face GPT-2 directory (safetensors)"),
-                       line.export_paths, line.export_options);
+                       line.export_paths, line.export_options, line.export_dtype);
+    add_import_options(app.add_subcommand("import", "a Hugging Face GPT-2 directory as an llm.c checkpoint"),
+                       line.import_paths, line.import_options);
     app.add_subcommand("config-reference", "every config key, its type and default");
     app.add_subcommand("versions", "the build's options and the libraries loaded (BLAS, MPI, CUDA, cuDNN, NCCL)");
     app.add_subcommand("blas-peak", "sgemm GFLOP/s of every kernel set this CPU supports; holds the best")
@@ -421,6 +452,7 @@ void read_command_line(int argc, char** argv, bool lead, CommandLine& line) {
     line.start.resolved = "stopped by the command line\n";
     if (line.start.exit_code >= 0) return;
     line.command = app.get_subcommands()[0]->get_name();
+    if (!line.eval_hellaswag.empty()) line.eval_args.overrides.push_back("data.hellaswag=" + line.eval_hellaswag);
     resolve(argc, argv, line);
 }
 
@@ -433,11 +465,13 @@ int run_command(CommandLine& line, bool lead) {
     const Config& cfg = line.cfg;
     if (command == "train") return command_train(cfg);  // goes on with its stdout closed (§7)
     if (command == "prepare") return command_prepare(line.prepare_paths, line.prepare_options);
-    if (command == "eval") return printed(evaluate(cfg), lead);
+    if (command == "eval") return printed(evaluate(cfg, !line.eval_hellaswag.empty()), lead);
     if (command == "memory") return printed(command_memory(cfg), lead);
     if (command == "bench") return printed(command_bench(cfg, line.bench_args.path, line.bench_options), lead);
     if (command == "sample") return printed(sample_command(line.checkpoint, line.sample_options), lead);
-    if (command == "export") return printed(command_export(line.export_paths, line.export_options), lead);
+    if (command == "export")
+        return printed(command_export(line.export_paths, line.export_options, line.export_dtype), lead);
+    if (command == "import") return printed(command_import(line.import_paths, line.import_options), lead);
     if (command == "blas-peak") return printed(command_blas_peak(line.this_process_only), lead);
     if (command == "versions") return printed(command_versions(), lead);
     std::fputs(config_reference().c_str(), stdout);  // config-reference

@@ -86,6 +86,10 @@ void MetricsFile::write(const StepMetrics& m) {
         {"cp_exposed_comm_ms", m.cp_comm.exposed * 1e3},
     };
     if (!std::isnan(m.val_loss)) line["val_loss"] = m.val_loss;
+    if (!std::isnan(m.hellaswag_acc_norm)) {
+        line["hellaswag_acc_norm"] = m.hellaswag_acc_norm;
+        line["hellaswag_acc"] = m.hellaswag_acc;
+    }
     const std::string text = line.dump() + "\n";
     const off_t end = ::lseek(fd_, 0, SEEK_END);
     size_t written = 0;

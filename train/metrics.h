@@ -22,6 +22,7 @@ struct StepMetrics {
     CollectiveBytes cp_bytes;   // what the CP group's all-to-alls moved (sp2hp / hp2sp, §9)
     CommunicationTime cp_comm;  // and how long they took (all exposed: they block)
     float val_loss = NAN;       // NaN where no validation ran at this step
+    float hellaswag_acc_norm = NAN, hellaswag_acc = NAN;  // fractions; NaN where HellaSwag was not scored
 };
 
 class MetricsFile {

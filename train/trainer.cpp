@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 
+#include "train/hellaswag.h"
 #include "train/trainer_impl.h"
 
 namespace tpsp {
@@ -15,50 +16,68 @@ int trainer_detail::local_rank() {
 
 template class Trainer<CpuBackend>;
 
-int evaluate(const Config& cfg) {
+// The ranks split the validation batches (or HellaSwag's examples) over dp
+// = ranks / (tp · cp); each TP group holds one model, each CP rank s/cp of
+// its positions (§9).
+int evaluate(const Config& cfg, bool hellaswag) {
     if (cfg.train.threads > 0) omp_set_num_threads(cfg.train.threads);
     set_peer_timeout(cfg.parallel.timeout_s);
     if (cfg.checkpoint.init.empty()) throw ConfigError("tpsp eval: checkpoint.init: give the checkpoint to evaluate");
-    if (cfg.data.val.empty()) throw ConfigError("tpsp eval: data.val: give the validation shards");
-    if (cfg.parallel.tp != 1)
-        throw ConfigError(
-            "tpsp eval: parallel.tp: evaluation runs at t = 1 (its ranks split the validation batches: data "
-            "parallelism)");
+    if (!hellaswag && cfg.data.val.empty()) throw ConfigError("tpsp eval: data.val: give the validation shards");
+    if (hellaswag && cfg.parallel.cp > 1) throw ConfigError("tpsp eval --hellaswag: runs at parallel.cp = 1");
     // evaluation runs on the CPU, whose explicit attention computes what cuDNN's does on the same weights
     GPTConfig gc = cfg.gpt();
     gc.attention = AttentionKernel::explicit_scores;
     const RunShape shape = cfg.run_shape();
-    // at cp > 1 each sequence is cut across cp ranks (§9): its ranks split the batches over dp = ranks / cp
-    const int cp = cfg.parallel.cp;
+    const int tp = cfg.parallel.tp, cp = cfg.parallel.cp;
     int world;
     MPI_Comm_size(MPI_COMM_WORLD, &world);
-    if (world % cp != 0)
-        throw ConfigError("tpsp eval: parallel.cp: " + std::to_string(cp) + " does not divide the " +
-                          std::to_string(world) + " ranks launched");
-    ProcessGrid grid = make_process_grid(1, cp);
+    if (world % (tp * cp) != 0)
+        throw ConfigError("tpsp eval: parallel.tp · parallel.cp = " + std::to_string(tp * cp) +
+                          " does not divide the " + std::to_string(world) + " ranks launched");
+    ProcessGrid grid = make_process_grid(tp, cp);
     RunShape rank_shape = shape;
     rank_shape.seq_len = shape.seq_len / cp;
     // every rank opens its data and checkpoint before the first collective: a
     // file missing on one rank is its one line, not the others' wait
     std::unique_ptr<TokenLoader> val_loader;
+    std::vector<HellaSwagExample> examples;
     std::unique_ptr<GPT> model;
     const bool ready = trainer_detail::on_every_rank([&] {
-        val_loader = std::make_unique<TokenLoader>(cfg.data.val, shape.batch, shape.seq_len, grid.dp_rank, grid.dp,
-                                                   gc.vocab_size);
-        val_loader->check_every_shard();  // a bad one is this rank's line, not a wait in the sum
+        if (hellaswag) {
+            examples = load_hellaswag(cfg.data.hellaswag, gc.vocab_size, cfg.data.bpe_dir, shape.seq_len);
+        } else {
+            val_loader = std::make_unique<TokenLoader>(cfg.data.val, shape.batch, shape.seq_len, grid.dp_rank, grid.dp,
+                                                       gc.vocab_size);
+            val_loader->check_every_shard();  // a bad one is this rank's line, not a wait in the sum
+        }
         check_checkpoint_model(cfg.checkpoint.init, gc);
-        model = std::make_unique<GPT>(gc, rank_shape, TensorParallelism{}, nullptr, cp > 1 ? &grid.cp_group : nullptr);
+        const TensorParallelism parallelism{grid.tp, grid.tp_rank, cfg.parallel.sequence_parallel, cfg.overlap()};
+        model = std::make_unique<GPT>(gc, rank_shape, parallelism, tp > 1 ? &grid.tp_group : nullptr,
+                                      cp > 1 ? &grid.cp_group : nullptr);
         load_checkpoint(*model, cfg.checkpoint.init);
     });
     if (!ready) return 1;
-    // every rank's copy of the shards and the checkpoint the same
-    if (!trainer_detail::on_every_rank([&] {
-            trainer_detail::check_same_inputs(trainer_detail::shard_lines(val_loader.get()) +
-                                              trainer_detail::input_line(cfg.checkpoint.init, [&] {
-                                                  return llmc_file_identity(cfg.checkpoint.init);
-                                              }));
-        }))
-        return 1;
+    // every rank's copy of the inputs the same
+    std::string inputs_line = trainer_detail::shard_lines(val_loader.get());
+    if (hellaswag)
+        inputs_line += trainer_detail::input_line(cfg.data.hellaswag,
+                                                  [&] { return hellaswag_file_identity(cfg.data.hellaswag); });
+    inputs_line += trainer_detail::input_line(cfg.checkpoint.init,
+                                              [&] { return llmc_file_identity(cfg.checkpoint.init); });
+    if (!trainer_detail::on_every_rank([&] { trainer_detail::check_same_inputs(inputs_line); })) return 1;
+    if (hellaswag) {
+        const HellaSwagScore score = score_hellaswag(*model, examples, grid.dp_rank, grid.dp, grid.dp_group);
+        if (grid.world_rank == 0) {
+            std::printf("%s\n", hellaswag_line(score).c_str());
+            if (score.cut > 0)
+                std::fprintf(stderr,
+                             "tpsp: note: %d of %d examples lost the start of their context to fit train.seq_len = "
+                             "%d\n",
+                             score.cut, score.examples, shape.seq_len);
+        }
+        return 0;
+    }
     std::vector<int> inputs(size_t(shape.batch) * shape.seq_len), targets(inputs.size());
     float val = trainer_detail::validation_loss(*model, *val_loader, grid, cfg.train.val_batches, inputs.data(),
                                                 targets.data());

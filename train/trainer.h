@@ -20,6 +20,7 @@
 #include "train/adamw.h"
 #include "train/config.h"
 #include "train/data_parallel.h"
+#include "train/hellaswag.h"
 #include "train/metrics.h"
 #include "train/run_checkpoint.h"
 #include "train/run_directory.h"
@@ -52,7 +53,8 @@ private:
     StepMetrics train_step(int step);  // one optimizer step: micro-batches, reductions, clip, AdamW
     int stop_diverged(const StepMetrics& m);
     int stop_on_signal(int done);
-    float validation_loss();  // mean over train.val_batches batches of every DP rank
+    float validation_loss();               // mean over train.val_batches batches of every DP rank
+    void score_hellaswag(StepMetrics& m);  // data.hellaswag's acc_norm and acc, the DP ranks splitting it
     void log(const StepMetrics& m, bool last);
     void sample(int done);  // a short text from the model (rank 0 prints)
     void save(int done);    // checkpoint.dir: model, state, latest
@@ -74,8 +76,9 @@ private:
     std::unique_ptr<DataParallelStep<Backend>> data_parallel_;  // the gradients' buckets, their sum, the norm
     std::unique_ptr<ShardGatherer<Backend>> gatherer_;          // for checkpoints and samples
     std::unique_ptr<Generator> sampler_;
-    std::vector<std::string> token_text_;  // what each token prints as, for samples
-    std::vector<int> sample_prompt_;       // a sample's first token
+    std::vector<std::string> token_text_;      // what each token prints as, for samples
+    std::vector<int> sample_prompt_;           // a sample's first token
+    std::vector<HellaSwagExample> hellaswag_;  // data.hellaswag, encoded, where train.hellaswag_every > 0
     MetricsFile metrics_;
     RunDirectory run_dir_;  // checkpoint.dir, locked while the run lasts (rank 0)
     int start_step_ = 0;
@@ -97,7 +100,9 @@ int train_on(const Config& config) {
 }
 
 // Loads checkpoint.init and prints the validation loss over
-// train.val_batches batches, the same measurement train makes (CPU).
-int evaluate(const Config& config);
+// train.val_batches batches, the same measurement train makes (CPU), or with
+// `hellaswag` the score of data.hellaswag (train/hellaswag.h); at any tp,
+// the ranks beyond one model splitting the batches or examples.
+int evaluate(const Config& config, bool hellaswag = false);
 
 }  // namespace tpsp

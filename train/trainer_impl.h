@@ -198,6 +198,8 @@ void Trainer<Backend>::open_data() {
         trainer_detail::check_val_batches_fit(cfg_.train.val_batches, *val_loader_);
         val_loader_->check_every_shard();  // small: a bad one is found now, not at the first validation
     }
+    if (cfg_.train.hellaswag_every > 0)
+        hellaswag_ = load_hellaswag(cfg_.data.hellaswag, gpt_.vocab_size, cfg_.data.bpe_dir, shape_.seq_len);
 }
 
 // The model, its optimizer and communicators, and the weights to start from.
@@ -261,6 +263,8 @@ void Trainer<Backend>::check_same_inputs_on_every_rank() const {
     using trainer_detail::input_line;
     std::string lines = trainer_detail::shard_lines(train_loader_.get()) +
                         trainer_detail::shard_lines(val_loader_.get());
+    if (!hellaswag_.empty())
+        lines += input_line(cfg_.data.hellaswag, [&] { return hellaswag_file_identity(cfg_.data.hellaswag); });
     const Config::Checkpoint& ck = cfg_.checkpoint;
     if (!ck.resume.empty()) {
         const int step = latest_step(ck.resume);
@@ -434,6 +438,7 @@ int Trainer<Backend>::run() {
         const bool last = done == cfg_.train.steps;
         const bool stopping = stop_signal_ != 0 && !last;
         if (val_loader_ && (done % cfg_.train.val_every == 0 || last)) m.val_loss = validation_loss();
+        if (!hellaswag_.empty() && (done % cfg_.train.hellaswag_every == 0 || last)) score_hellaswag(m);
         if (!trainer_detail::on_every_rank([&] { log(m, last); })) return 1;
         if (cfg_.logging.sample_every > 0 && (done % cfg_.logging.sample_every == 0 || last)) sample(done);
         const bool save_due = last || stopping || (cfg_.checkpoint.every > 0 && done % cfg_.checkpoint.every == 0);
@@ -580,13 +585,21 @@ float Trainer<Backend>::validation_loss() {
                                            targets_.data());
 }
 
+template <class Backend>
+void Trainer<Backend>::score_hellaswag(StepMetrics& m) {
+    data_parallel_->parameters_ready();
+    const HellaSwagScore score = tpsp::score_hellaswag(*model_, hellaswag_, grid_.dp_rank, grid_.dp, grid_.dp_group);
+    m.hellaswag_acc_norm = float(score.correct_by_mean) / float(score.examples);
+    m.hellaswag_acc = float(score.correct_by_sum) / float(score.examples);
+}
+
 // The step line every logging.every steps (and at the end, and with a
 // validation loss), and the metrics file at every step.
 template <class Backend>
 void Trainer<Backend>::log(const StepMetrics& m, bool last) {
     if (grid_.world_rank != 0) return;
-    const bool has_val = !std::isnan(m.val_loss);
-    if (m.step % cfg_.logging.every == 0 || last || has_val) {
+    const bool has_val = !std::isnan(m.val_loss), has_hellaswag = !std::isnan(m.hellaswag_acc_norm);
+    if (m.step % cfg_.logging.every == 0 || last || has_val || has_hellaswag) {
         std::printf("step %5d/%d | loss %.6f | lr %.3e | grad norm %.4f | %7.1f ms | %8.0f tok/s | MFU %5.1f%%", m.step,
                     cfg_.train.steps, m.loss, m.lr, m.grad_norm, m.seconds * 1e3, m.tokens_per_second, 100.0 * m.mfu);
         if (grid_.tp > 1)
@@ -600,6 +613,7 @@ void Trainer<Backend>::log(const StepMetrics& m, bool last) {
             std::printf(" | DP RS %.1f AG %.1f MB | DP comm %.1f ms, exposed %.1f ms", m.dp_bytes.reduce_scatter / 1e6,
                         m.dp_bytes.all_gather / 1e6, m.dp_comm.total * 1e3, m.dp_comm.exposed * 1e3);
         if (has_val) std::printf(" | val loss %.4f", m.val_loss);
+        if (has_hellaswag) std::printf(" | hellaswag %.4f (acc %.4f)", m.hellaswag_acc_norm, m.hellaswag_acc);
         std::printf("\n");
         std::fflush(stdout);
     }
