@@ -4,6 +4,7 @@
 
 #include "common/errors.h"
 #include "common/files.h"
+#include "common/json_depth.h"
 #include "data/gpt2_tokenizer.h"
 
 namespace tpsp {
@@ -12,6 +13,7 @@ namespace {
 
 HellaSwagExample parse_example(const std::string& where, const std::string& line,
                                const std::function<std::vector<int>(std::string_view)>& encode) {
+    if (json_nesting_depth(line) > 4) throw FileError(where + ": nests deeper than an example does");
     const nlohmann::json example = nlohmann::json::parse(line, nullptr, false);
     if (example.is_discarded() || !example.is_object()) throw FileError(where + ": not a JSON object");
     if (!example.contains("ctx") || !example["ctx"].is_string())

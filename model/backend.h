@@ -79,6 +79,7 @@ struct CpuBackend {
     static constexpr bool copies_gemm_weights = false;
     // no cuDNN: attention is the explicit kernels only
     static constexpr bool has_fused_attention = false;
+    static constexpr bool has_ring_attention = true;  // cp_comm_type p2p
 
     static const Memory& memory() { return host_memory; }
     static void copy(void* dst, const void* src, size_t bytes) { std::memmove(dst, src, bytes); }

@@ -39,6 +39,7 @@ struct CudaBackend {
 #else
     static constexpr bool has_fused_attention = false;  // built without cuDNN
 #endif
+    static constexpr bool has_ring_attention = false;  // cp_comm_type p2p: the CPU's kernels only, so far
 
     static const Memory& memory();  // cudaMalloc, zero-filled
     static void copy(void* dst, const void* src, size_t bytes);

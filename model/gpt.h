@@ -124,6 +124,14 @@ struct Workspace {
     Act* cp_out;      // [s, b, h/(t·cp)] the attention's output before hp2sp; then its gradient after sp2hp
     Act* cp_send;     // the all-to-all's blocks going out
     Act* cp_receive;  // and coming in
+    // ring attention (cp_comm_type p2p, §9): [2, s/cp, b, 2h/t] the K|V block
+    // this rank computes on and the one arriving; [4, s/cp, b, 2h/t] in
+    // backward the dK|dV partial, the accumulators going out and coming in,
+    // and this rank's own when it is home; [2, b, a/t, s/cp] the rows' running
+    // max and sum (forward), or dO·O (backward)
+    Act* ring_kv;
+    Act* ring_dkv;
+    float* ring_stats;
     // what backward recomputes into (recompute_table in gpt_model.h): the
     // recomputed blocks' forward writes there, and backward writes it again
     // before it reads it
@@ -228,7 +236,7 @@ public:
     // it holds) and forward reads those positions of the whole sequences it
     // is given (docs/design.md §9).
     GPTModel(const GPTConfig& config, const RunShape& shape, const TensorParallelism& tp = {}, Comm* group = nullptr,
-             Comm* cp_group = nullptr);
+             Comm* cp_group = nullptr, bool ring_attention = false);
 
     // inputs, targets [b, s] on the host (the data's order; under CP the whole
     // sequences, s = cp · shape.seq_len); returns the mean loss over the b·s tokens. training = false turns dropout off
@@ -296,10 +304,28 @@ private:
         return cp.runs(seq_start(), local_seq(), attention_seq());
     }
     // what the attention core works on: every position (cp · seq_len), a/(t·cp) heads of h/(t·cp) channels
+    // (a2a); under ring attention this rank's s/cp queries of a/t heads against every position
     int attention_seq() const { return shape.seq_len * cp.size; }
-    int attention_heads() const { return config.num_heads / (tp.size * cp.size); }
-    int attention_channels() const { return config.channels / (tp.size * cp.size); }
-    int first_attention_head() const { return (tp.rank * cp.size + cp.rank) * attention_heads(); }
+    int head_split() const { return cp.ring ? tp.size : tp.size * cp.size; }
+    int attention_heads() const { return config.num_heads / head_split(); }
+    int attention_channels() const { return config.channels / head_split(); }
+    int first_attention_head() const { return (cp.ring ? tp.rank : tp.rank * cp.size + cp.rank) * attention_heads(); }
+    bool cp_all_to_all() const { return cp.size > 1 && !cp.ring; }  // sp2hp / hp2sp around the core
+    void ring_attention_forward(int layer, Act* out, const DropoutStep& draw, float p);
+    // this rank's place in ring attention's layout (model/kernels/cpu_kernels.h)
+    RingAttention ring_layout(int64_t batch_offset) const {
+        return {shape.batch,
+                shape.seq_len,
+                attention_seq(),
+                attention_channels(),
+                attention_heads(),
+                cp.chunk_len(attention_seq()),
+                {cp.chunk_of(cp.rank, 0), cp.chunk_of(cp.rank, 1)},
+                config.num_heads,
+                first_attention_head(),
+                batch_offset};
+    }
+    void ring_attention_backward(int layer, Act* dqkv, const Act* dout);
     Act* attention_input(int layer);                  // where the qkv linear writes
     float* parameter(const std::string& name) const;  // the fp32 tensor of that name
     Comm single_rank_group_;

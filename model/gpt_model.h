@@ -48,17 +48,21 @@ inline Dim cp_split(const Dim& d, const ContextParallelism& cp) {
 }
 
 // S', its dropout mask and S [b, a/t, s, s] of the explicit attention; at
-// p = 0 only S' (S is S', and there is no mask). Under CP: [b, a/t/cp, s, s],
-// every position for 1/cp of the heads.
+// p = 0 only S' (S is S', and there is no mask). Under CP with a2a:
+// [b, a/t/cp, s, s], every position for 1/cp of the heads; with ring
+// attention [b, a/t, s/cp, s], this rank's queries against every key (held
+// as [b, 2, a/t, s/(2cp), s]: its two chunks of queries, §9). The same
+// elements either way: the paper's per-rank figure divided by cp.
 template <class Act>
 std::vector<TensorSpec> attention_scores_table(const GPTConfig& c, const RunShape& r, const TensorParallelism& tp,
                                                BlockActivations<Act>* a, const ContextParallelism& cp = {}) {
     Dim b{r.batch, "b"}, s{int64_t(r.seq_len) * cp.size, "s"};
-    Dim heads = cp_split(split_dim(c.num_heads, "a", tp.size), cp);
-    std::vector<TensorSpec> table = {tensor("softmax_out", {b, heads, s, s}, &a->softmax_out)};
+    Dim heads = cp.ring ? split_dim(c.num_heads, "a", tp.size) : cp_split(split_dim(c.num_heads, "a", tp.size), cp);
+    Dim rows = cp.ring ? Dim{r.seq_len, "s/cp"} : s;
+    std::vector<TensorSpec> table = {tensor("softmax_out", {b, heads, rows, s}, &a->softmax_out)};
     if (r.dropout > 0.0f)
-        table.insert(table.end(), {tensor("attn_dropout_mask", {b, heads, s, s}, &a->attn_dropout_mask),
-                                   tensor("attn_dropout_out", {b, heads, s, s}, &a->attn_dropout_out)});
+        table.insert(table.end(), {tensor("attn_dropout_mask", {b, heads, rows, s}, &a->attn_dropout_mask),
+                                   tensor("attn_dropout_out", {b, heads, rows, s}, &a->attn_dropout_out)});
     return table;
 }
 
@@ -80,7 +84,7 @@ std::vector<TensorSpec> block_activation_table(const GPTConfig& c, const RunShap
     if (keeps == BlockKeeps::input_only) return table;
     const bool dropout = r.dropout > 0.0f;
     table.push_back(tensor("ln1_out", {s_local, b, h}, &a->ln1_out));
-    if (cp.size > 1)  // as many elements, after sp2hp: every position, 1/cp of the heads
+    if (cp.size > 1 && !cp.ring)  // as many elements, after sp2hp: every position, 1/cp of the heads
         table.push_back(tensor("qkv", {{int64_t(r.seq_len) * cp.size, "s"}, b, cp_split(h3_t, cp)}, &a->qkv));
     else table.push_back(tensor("qkv", {s, b, h3_t}, &a->qkv));
     if (c.attention == AttentionKernel::cudnn_fused) {
@@ -150,7 +154,8 @@ std::vector<TensorSpec> workspace_table(const GPTConfig& c, const RunShape& r, c
                                         const Dim& attention_scratch, Workspace<Act>* w, const ContextParallelism& cp) {
     const int t = tp.size;
     Dim b{r.batch, "b"}, s{r.seq_len, cp.size > 1 ? "s/cp" : "s"}, h{c.channels, "h"};
-    Dim cp_s = cp.size > 1 ? s : Dim{0, "no CP"};  // the CP buffers' rows
+    Dim cp_s = cp.size > 1 && !cp.ring ? s : Dim{0, "no a2a"};  // the all-to-all buffers' rows
+    Dim ring_s = cp.ring ? s : Dim{0, "no ring"};               // ring attention's
     Dim s_local = tp.sequence_parallel ? split_dim(r.seq_len, "s", t) : s;
     bool packs_replicated = tp.sequence_parallel_active();
     bool overlapped_rs = packs_replicated && (tp.overlap.rs || tp.overlap.rs_dgrad);
@@ -172,6 +177,9 @@ std::vector<TensorSpec> workspace_table(const GPTConfig& c, const RunShape& r, c
         tensor("cp_out", {cp_s, b, split_dim(c.channels, "h", t)}, &w->cp_out),
         tensor("cp_send", {cp_s, b, split_dim(3 * c.channels, "3h", t)}, &w->cp_send),
         tensor("cp_receive", {cp_s, b, split_dim(3 * c.channels, "3h", t)}, &w->cp_receive),
+        tensor("ring_kv", {{2, "2"}, ring_s, b, split_dim(2 * c.channels, "2h", t)}, &w->ring_kv),
+        tensor("ring_dkv", {{4, "4"}, ring_s, b, split_dim(2 * c.channels, "2h", t)}, &w->ring_dkv),
+        tensor("ring_stats", {{2, "2"}, b, split_dim(c.num_heads, "a", t), ring_s}, &w->ring_stats),
     };
     w->recompute.assign(size_t(recompute_slots(c, r)), BlockActivations<Act>{});
     for (int slot = 0; slot < int(w->recompute.size()); slot++) {
@@ -186,8 +194,9 @@ std::vector<TensorSpec> workspace_table(const GPTConfig& c, const RunShape& r, c
 
 template <class Backend>
 GPTModel<Backend>::GPTModel(const GPTConfig& c, const RunShape& r, const TensorParallelism& t, Comm* group,
-                            Comm* cp_group)
-    : config(c), shape(r), tp(t), cp{cp_group ? cp_group->size() : 1, cp_group ? cp_group->rank() : 0},
+                            Comm* cp_group, bool ring_attention)
+    : config(c), shape(r), tp(t), cp{cp_group ? cp_group->size() : 1, cp_group ? cp_group->rank() : 0,
+                                     ring_attention && cp_group && cp_group->size() > 1},
       group_(group ? group : &single_rank_group_), mappings_(group_, t.sequence_parallel_active()),
       cp_group_(cp_group) {
     if (group_->size() != tp.size || group_->rank() != tp.rank)
@@ -195,11 +204,16 @@ GPTModel<Backend>::GPTModel(const GPTConfig& c, const RunShape& r, const TensorP
     if (cp.size > 1) {
         if (config.attention == AttentionKernel::cudnn_fused)
             throw std::invalid_argument("model.attention: cudnn does not run under context parallelism yet");
-        if (config.num_heads % (tp.size * cp.size) != 0 || shape.seq_len % (2 * tp.size) != 0)
+        if (config.num_heads % head_split() != 0 || shape.seq_len % (2 * tp.size) != 0)
             throw std::logic_error("GPT: the context-parallel layout does not divide the heads or the positions");
         if (attention_seq() > config.max_seq_len)
             throw std::logic_error("GPT: under context parallelism the shape is a CP rank's: cp · seq_len = " +
                                    std::to_string(attention_seq()) + " positions, more than max_seq_len");
+        if (cp.ring && !Backend::has_ring_attention)
+            throw std::invalid_argument(
+                "parallel.cp_comm_type: p2p (ring attention) runs on the CPU backend so far (a2a runs on both)");
+    }
+    if (cp_all_to_all()) {
         const int qkv_heads = config.num_heads / tp.size, head_size = config.channels / config.num_heads;
         cp_qkv_ = std::make_unique<ContextParallelMappings<Comm>>(cp_group_, 3, qkv_heads, head_size, attention_seq(),
                                                                   shape.batch);
@@ -254,7 +268,7 @@ GPTModel<Backend>::GPTModel(const GPTConfig& c, const RunShape& r, const TensorP
     activation_arena = Arena(activations, memory);
     const Dim scratch = attention_scratch_for(
         config,
-        Backend::attention_scratch(shape.batch, attention_seq(), config.channels, config.num_heads, tp.size * cp.size));
+        Backend::attention_scratch(shape.batch, attention_seq(), config.channels, config.num_heads, head_split()));
     workspace_arena = Arena(workspace_table(config, shape, tp, scratch, &workspace, cp), memory);
     place_recomputed_tensors();
     token_arena = Arena(token_table(shape, &tokens), memory);
@@ -352,21 +366,26 @@ inline uint64_t fused_attention_seed(const DropoutStep& draw, int layer, int tp_
     return uint64_t(bits[0]) | uint64_t(bits[1]) << 32;
 }
 
-// Where the qkv linear writes: the block's qkv, or under CP the scratch
-// that sp2hp then turns into the block's (head-sharded) qkv.
+// Where the qkv linear writes: the block's qkv, or under CP's a2a the
+// scratch that sp2hp then turns into the block's (head-sharded) qkv.
 template <class Backend>
 typename GPTModel<Backend>::Act* GPTModel<Backend>::attention_input(int l) {
-    return cp.size > 1 ? workspace.cp_qkv : blocks[l].qkv;
+    return cp_all_to_all() ? workspace.cp_qkv : blocks[l].qkv;
 }
 
 // Causal self-attention of this rank's a/t heads: qkv → attn_out. Under CP
-// (§9): sp2hp gives every position for a/(t·cp) heads, the core runs on them,
-// and hp2sp brings the output back to this rank's positions.
+// (§9) with a2a: sp2hp gives every position for a/(t·cp) heads, the core runs
+// on them, and hp2sp brings the output back to this rank's positions; with
+// ring attention this rank's queries meet every K/V block as it passes.
 template <class Backend>
 void GPTModel<Backend>::self_attention_forward(int l, const DropoutStep& draw, float p) {
     const int B = shape.batch, T = attention_seq(), Ct = attention_channels(), heads = attention_heads();
     BlockActivations<Act>& a = blocks[l];
     Workspace<Act>& w = workspace;
+    if (cp.ring) {
+        ring_attention_forward(l, a.attn_out, draw, p);
+        return;
+    }
     if (cp.size > 1) {
         ComputeSpan span(group_->tracer, "sp2hp");
         cp_qkv_->sequence_to_heads(w.cp_qkv, a.qkv, w.cp_send, w.cp_receive);
@@ -400,12 +419,86 @@ void GPTModel<Backend>::explicit_attention_forward(int l, Act* out, const Dropou
                       {draw.seed, draw.step, uint32_t(l), DropoutSite::attention_probs});
 }
 
+// Ring attention (§9): this rank's own K|V block is copied out of qkv and
+// sent around the CP ring (parallel/overlap.h); as each block arrives, the
+// rank's queries meet it, one sequence of the micro-batch at a time, the
+// transfers polled in between. S', its mask and S are this rank's rows of
+// the explicit kernels' (the block's own, or the workspace's under selective
+// recomputation, which runs this ring again in backward).
+template <class Backend>
+void GPTModel<Backend>::ring_attention_forward(int l, Act* out, const DropoutStep& draw, float p) {
+    if constexpr (Backend::has_ring_attention) {
+        const int B = shape.batch, T = shape.seq_len, Ct = attention_channels();
+        const RingAttention ra = ring_layout(draw.batch_offset);
+        const DropoutKey key{draw.seed, draw.step, uint32_t(l), DropoutSite::attention_probs};
+        BlockActivations<Act>& a = blocks[l];
+        Workspace<Act>& w = workspace;
+        const size_t block = size_t(T) * B * 2 * Ct;
+        cp_group_->copy_rows(w.ring_kv, 2 * Ct, a.qkv + Ct, 3 * Ct, size_t(T) * B, 2 * Ct);  // K | V
+        ring_attention_start(out, w.ring_stats, ra);
+        ring_pass_overlapped(*cp_group_, w.ring_kv, w.ring_kv + block, block,
+                             [&](int source, const Act* kv, const auto& poll) {
+                                 ComputeSpan span(group_->tracer, "ring attention");
+                                 const int chunks[2] = {cp.chunk_of(source, 0), cp.chunk_of(source, 1)};
+                                 for (int b = 0; b < B; b++) {
+                                     ring_attention_forward_block(out, w.ring_stats, a.softmax_out, a.qkv, kv, chunks,
+                                                                  ra, b, p, key, w.attention_scratch);
+                                     poll();
+                                 }
+                             });
+        ComputeSpan span(group_->tracer, "ring attention");
+        ring_attention_finish(out, a.softmax_out, a.attn_dropout_mask, a.attn_dropout_out, w.ring_stats, ra, p, key);
+    } else {
+        (void)l, (void)out, (void)draw, (void)p;
+    }
+}
+
+// Backward: the K|V blocks go round again and each block's dK|dV follows,
+// gathering every rank's part on its way home; dQ stays here.
+template <class Backend>
+void GPTModel<Backend>::ring_attention_backward(int l, Act* dqkv, const Act* dout) {
+    if constexpr (Backend::has_ring_attention) {
+        const int B = shape.batch, T = shape.seq_len, Ct = attention_channels();
+        const RingAttention ra = ring_layout(last_draw_.batch_offset);
+        const float p = last_dropout_;
+        const BlockActivations<Act>& a = blocks[l];
+        Workspace<Act>& w = workspace;
+        const size_t block = size_t(T) * B * 2 * Ct;
+        {
+            ComputeSpan span(group_->tracer, "ring attention backward");
+            cp_group_->copy_rows(w.ring_kv, 2 * Ct, a.qkv + Ct, 3 * Ct, size_t(T) * B, 2 * Ct);
+            ring_attention_backward_start(w.ring_stats, dqkv, dout, a.attn_out, ra);
+        }
+        Act* home = w.ring_dkv + 3 * block;
+        ring_pass_with_gradients_overlapped(
+            *cp_group_, w.ring_kv, w.ring_kv + block, w.ring_dkv, w.ring_dkv + block, home, block,
+            [&](int source, const Act* kv, Act* partial, const auto& poll) {
+                ComputeSpan span(group_->tracer, "ring attention backward");
+                const int chunks[2] = {cp.chunk_of(source, 0), cp.chunk_of(source, 1)};
+                Backend::zero(partial, block * sizeof(Act));
+                for (int b = 0; b < B; b++) {
+                    ring_attention_backward_block(dqkv, partial, dout, a.qkv, kv, a.softmax_out, a.attn_dropout_mask,
+                                                  a.attn_dropout_out, w.ring_stats, chunks, ra, b, p,
+                                                  w.attention_scratch);
+                    poll();
+                }
+            });
+        cp_group_->copy_rows(dqkv + Ct, 3 * Ct, home, 2 * Ct, size_t(T) * B, 2 * Ct);  // dK | dV
+    } else {
+        (void)l, (void)dqkv, (void)dout;
+    }
+}
+
 // dL/d(qkv) into workspace.wide_grad from dL/d(attn_out) in workspace.attn_grad.
 // Under CP the gradient takes the mappings' way back: sp2hp of dL/d(attn_out)
 // (hp2sp's backward), the core's backward, hp2sp of dL/d(qkv) (sp2hp's).
 template <class Backend>
 void GPTModel<Backend>::self_attention_backward(int l) {
     Workspace<Act>& w = workspace;
+    if (cp.ring) {
+        self_attention_core_backward(l, w.wide_grad, w.attn_grad);
+        return;
+    }
     if (cp.size > 1) {
         ComputeSpan span(group_->tracer, "hp2sp backward");
         cp_out_->sequence_to_heads(w.attn_grad, w.cp_out, w.cp_send, w.cp_receive);
@@ -436,7 +529,12 @@ void GPTModel<Backend>::self_attention_core_backward(int l, Act* dqkv, const Act
         // selective recomputation: S', the mask and S again, from the saved qkv and the
         // same Philox keys, so the same bits; S·V goes to scratch (partial is free here)
         ComputeSpan span(group_->tracer, "attention recompute");
-        explicit_attention_forward(l, w.partial, last_draw_, p);
+        if (cp.ring) ring_attention_forward(l, w.partial, last_draw_, p);  // the ring once more (§9)
+        else explicit_attention_forward(l, w.partial, last_draw_, p);
+    }
+    if (cp.ring) {
+        ring_attention_backward(l, dqkv, dout);
+        return;
     }
     ComputeSpan span(group_->tracer, "attention backward");
     attention_backward(dqkv, dout, a.qkv, a.softmax_out, a.attn_dropout_mask, a.attn_dropout_out, w.attention_scratch,

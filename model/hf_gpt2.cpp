@@ -14,6 +14,7 @@
 
 #include "common/errors.h"
 #include "common/files.h"
+#include "common/json_depth.h"
 #include "model/checkpoint.h"
 #include "model/gpt.h"
 
@@ -256,6 +257,28 @@ std::string export_hugging_face(const std::string& checkpoint, const std::string
 
 namespace {
 
+// A value of an outside file as an error message shows it: JSON, control
+// characters escaped (one line), cut short.
+std::string shown(const nlohmann::json& value) {
+    std::string text = value.dump(-1, ' ', true);
+    return text.size() > 60 ? text.substr(0, 60) + "…" : text;
+}
+// A tensor's name: as it is, unless it holds what would break the line.
+std::string shown_name(const std::string& name) {
+    for (unsigned char ch : name)
+        if (ch < 0x20 || ch == 0x7f) return shown(nlohmann::json(name));
+    return name.size() > 200 ? shown(nlohmann::json(name)) : name;
+}
+
+// JSON of an outside file, parsed once its nesting is known to be within `depth`.
+nlohmann::json parse_outside_json(const std::string& path, std::string_view text, int depth, const char* what) {
+    if (json_nesting_depth(text) > depth)
+        throw FileError(path + ": " + what + " nests deeper than " + std::to_string(depth) + " levels");
+    const nlohmann::json value = nlohmann::json::parse(text, nullptr, false);
+    if (value.is_discarded() || !value.is_object()) throw FileError(path + ": " + what + " is not a JSON object");
+    return value;
+}
+
 // Bytes per element of safetensors' dtypes; 0 for a name it does not have.
 int dtype_bytes(const std::string& dtype) {
     static const std::map<std::string, int> sizes = {
@@ -269,24 +292,26 @@ int dtype_bytes(const std::string& dtype) {
 // A non-negative integer of the header that fits in 63 bits, or a FileError.
 uint64_t header_count(const std::string& path, const std::string& name, const nlohmann::json& value, const char* what) {
     if (!value.is_number_unsigned() || value.get<uint64_t>() > (uint64_t(1) << 62))
-        throw FileError(path + ": tensor " + name + ": " + what + " holds " + value.dump(-1, ' ', true) +
+        throw FileError(path + ": tensor " + shown_name(name) + ": " + what + " holds " + shown(value) +
                         ", not a count");
     return value.get<uint64_t>();
 }
 
 SafetensorsTensor parse_entry(const std::string& path, const std::string& name, const nlohmann::json& entry) {
     if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") || !entry.contains("data_offsets"))
-        throw FileError(path + ": tensor " + name + ": its header entry lacks dtype, shape or data_offsets");
+        throw FileError(path + ": tensor " + shown_name(name) +
+                        ": its header entry lacks dtype, shape or data_offsets");
     SafetensorsTensor t;
     t.name = name;
-    if (!entry["dtype"].is_string()) throw FileError(path + ": tensor " + name + ": dtype is not a string");
+    if (!entry["dtype"].is_string()) throw FileError(path + ": tensor " + shown_name(name) + ": dtype is not a string");
     t.dtype = entry["dtype"].get<std::string>();
-    if (dtype_bytes(t.dtype) == 0) throw FileError(path + ": tensor " + name + ": unknown dtype " + t.dtype);
+    if (dtype_bytes(t.dtype) == 0)
+        throw FileError(path + ": tensor " + shown_name(name) + ": unknown dtype " + t.dtype);
     const nlohmann::json& shape = entry["shape"];
     const nlohmann::json& offsets = entry["data_offsets"];
-    if (!shape.is_array() || shape.size() > 8) throw FileError(path + ": tensor " + name + ": bad shape");
+    if (!shape.is_array() || shape.size() > 8) throw FileError(path + ": tensor " + shown_name(name) + ": bad shape");
     if (!offsets.is_array() || offsets.size() != 2)
-        throw FileError(path + ": tensor " + name + ": data_offsets is not [begin, end]");
+        throw FileError(path + ": tensor " + shown_name(name) + ": data_offsets is not [begin, end]");
     uint64_t bytes = uint64_t(dtype_bytes(t.dtype));
     for (const nlohmann::json& d : shape) {
         const uint64_t extent = header_count(path, name, d, "shape");
@@ -296,8 +321,8 @@ SafetensorsTensor parse_entry(const std::string& path, const std::string& name, 
     t.begin = header_count(path, name, offsets[0], "data_offsets");
     t.end = header_count(path, name, offsets[1], "data_offsets");
     if (t.end < t.begin || t.end - t.begin != bytes)
-        throw FileError(path + ": the header lies about its offsets: tensor " + name + " of shape " + shape.dump() +
-                        " " + t.dtype + " is " + std::to_string(bytes) + " bytes, its data_offsets " + offsets.dump() +
+        throw FileError(path + ": the header lies about its offsets: tensor " + name + " of shape " + shown(shape) +
+                        " " + t.dtype + " is " + std::to_string(bytes) + " bytes, its data_offsets " + shown(offsets) +
                         " span " + std::to_string(t.end - std::min(t.begin, t.end)));
     return t;
 }
@@ -315,20 +340,20 @@ std::vector<SafetensorsTensor> parse_safetensors(const std::string& path, std::s
     if (length > bytes.size() - 8)
         throw FileError(path + ": truncated: the header is " + std::to_string(length) + " bytes, the file holds " +
                         std::to_string(bytes.size() - 8) + " after the length");
-    const nlohmann::json header = nlohmann::json::parse(bytes.substr(8, size_t(length)), nullptr, false);
-    if (header.is_discarded() || !header.is_object())
-        throw FileError(path + ": the header is not a JSON object (not a safetensors file?)");
+    // {"name": {"shape": [..]}}: 3 levels; __metadata__ a map of strings
+    const nlohmann::json header = parse_outside_json(path, bytes.substr(8, size_t(length)), 3, "the header");
     std::vector<SafetensorsTensor> tensors;
     for (const auto& [name, entry] : header.items())
         if (name != "__metadata__") tensors.push_back(parse_entry(path, name, entry));
-    std::sort(tensors.begin(), tensors.end(),
-              [](const SafetensorsTensor& a, const SafetensorsTensor& b) { return a.begin < b.begin; });
+    std::sort(tensors.begin(), tensors.end(), [](const SafetensorsTensor& a, const SafetensorsTensor& b) {
+        return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;  // an empty tensor before its neighbour
+    });
     data_start = size_t(8 + length);
     const uint64_t data_bytes = bytes.size() - data_start;
     uint64_t at = 0;
     for (const SafetensorsTensor& t : tensors) {
         if (t.begin != at)
-            throw FileError(path + ": the header lies about its offsets: tensor " + t.name + " begins at " +
+            throw FileError(path + ": the header lies about its offsets: tensor " + shown_name(t.name) + " begins at " +
                             std::to_string(t.begin) + ", the tensor before it ends at " + std::to_string(at));
         at = t.end;
     }
@@ -387,16 +412,16 @@ nlohmann::json config_value(const nlohmann::json& config, const char* key, const
 
 // The model config.json describes, refused unless it is a GPT-2 that tpsp's model computes.
 GPTConfig gpt2_config(const std::string& path, const ImportOptions& options) {
-    const nlohmann::json config = nlohmann::json::parse(read_whole_file(path, "Hugging Face config"), nullptr, false);
-    if (config.is_discarded() || !config.is_object()) throw FileError(path + ": not a JSON object");
+    const nlohmann::json config = parse_outside_json(path, read_whole_file(path, "Hugging Face config"), 8,
+                                                     "config.json");
     const nlohmann::json model_type = config_value(config, "model_type", "");
     if (model_type != "gpt2")
-        throw FileError(path + ": another architecture (model_type " + model_type.dump() +
+        throw FileError(path + ": another architecture (model_type " + shown(model_type) +
                         "): tpsp imports GPT-2 (model_type \"gpt2\")");
     const auto refuse_unless = [&](const char* key, const nlohmann::json& fallback, const std::set<nlohmann::json>& ok,
                                    const char* why) {
         const nlohmann::json value = config_value(config, key, fallback);
-        if (!ok.count(value)) throw FileError(path + ": " + key + " " + value.dump() + ": tpsp's GPT-2 has " + why);
+        if (!ok.count(value)) throw FileError(path + ": " + key + " " + shown(value) + ": tpsp's GPT-2 has " + why);
     };
     refuse_unless("activation_function", "gelu_new", {"gelu_new", "gelu_pytorch_tanh"}, "GELU's tanh form (gelu_new)");
     refuse_unless("layer_norm_epsilon", 1e-5, {1e-5}, "LayerNorm's ε = 1e-5");
@@ -407,7 +432,7 @@ GPTConfig gpt2_config(const std::string& path, const ImportOptions& options) {
     const auto size = [&](const char* key) {
         const nlohmann::json value = config_value(config, key, nullptr);
         if (!value.is_number_unsigned() || value.get<uint64_t>() == 0 || value.get<uint64_t>() > (1u << 30))
-            throw FileError(path + ": " + key + " " + value.dump() + ": not a size");
+            throw FileError(path + ": " + key + " " + shown(value) + ": not a size");
         return int(value.get<uint64_t>());
     };
     GPTConfig c;
@@ -417,9 +442,9 @@ GPTConfig gpt2_config(const std::string& path, const ImportOptions& options) {
     c.max_seq_len = size("n_positions");
     c.vocab_size = size("vocab_size");
     const nlohmann::json inner = config_value(config, "n_inner", nullptr);
-    if (!inner.is_null() && inner != 4 * c.channels)
-        throw FileError(path + ": n_inner " + inner.dump() +
-                        ": tpsp's GPT-2 has an MLP of 4 · n_embd = " + std::to_string(4 * c.channels));
+    if (!inner.is_null() && inner != 4 * int64_t(c.channels))
+        throw FileError(path + ": n_inner " + shown(inner) +
+                        ": tpsp's GPT-2 has an MLP of 4 · n_embd = " + std::to_string(4 * int64_t(c.channels)));
     if (c.channels % c.num_heads != 0)
         throw FileError(path + ": n_head " + std::to_string(c.num_heads) + " does not divide n_embd " +
                         std::to_string(c.channels));
@@ -441,13 +466,12 @@ std::string export_name(const std::string& name) {
     return "transformer." + name;
 }
 
-// The causal masks of older GPT-2 files (h.N.attn.bias, h.N.attn.masked_bias): buffers, not weights.
-bool is_attention_mask(const std::string& name) {
-    if (name.rfind("transformer.h.", 0) != 0) return false;
-    for (const char* suffix : {".attn.bias", ".attn.masked_bias"})
-        if (name.size() > std::strlen(suffix) &&
-            name.compare(name.size() - std::strlen(suffix), std::string::npos, suffix) == 0)
-            return true;
+// The causal masks of older GPT-2 files (h.N.attn.bias, h.N.attn.masked_bias
+// of one of the model's layers): buffers, not weights.
+bool is_attention_mask(const std::string& name, int layers) {
+    for (int l = 0; l < layers; l++)
+        for (const char* part : {".attn.bias", ".attn.masked_bias"})
+            if (name == "transformer.h." + std::to_string(l) + part) return true;
     return false;
 }
 
@@ -470,20 +494,23 @@ std::string import_hugging_face(const std::string& hf_dir, const std::string& ou
     const SafetensorsTensor* lm_head = nullptr;
     for (const SafetensorsTensor& t : stored) {
         const std::string name = export_name(t.name);
-        if (is_attention_mask(name)) continue;
+        if (is_attention_mask(name, config.num_layers)) continue;
         if (name == "lm_head.weight") {
             lm_head = &t;
             continue;
         }
-        by_name[name] = &t;
+        if (!by_name.emplace(name, &t).second)
+            throw FileError(weights_path + ": the tensor " + shown_name(name) +
+                            " is there twice (with and without "
+                            "\"transformer.\")");
     }
     const std::vector<HfTensor> expected = hf_tensors(config);
     std::set<std::string> expected_names;
     for (const HfTensor& e : expected) expected_names.insert(e.name);
     for (const auto& [name, t] : by_name)
         if (!expected_names.count(name))
-            throw FileError(weights_path + ": an extra tensor " + t->name + ", which GPT-2 of " + config_path +
-                            " does not have");
+            throw FileError(weights_path + ": an extra tensor " + shown_name(t->name) + ", which GPT-2 of " +
+                            config_path + " does not have");
     // every tensor found and of its shape and dtype before anything is
     // allocated: the model config.json describes is then as big as the file
     std::vector<const SafetensorsTensor*> sources;
@@ -493,10 +520,10 @@ std::string import_hugging_face(const std::string& hf_dir, const std::string& ou
             throw FileError(weights_path + ": missing the tensor " + e.name + " (or " + e.name.substr(12) + ")");
         const SafetensorsTensor& t = *found->second;
         if (t.shape != e.shape)
-            throw FileError(weights_path + ": tensor " + t.name + " has shape " + nlohmann::json(t.shape).dump() +
-                            ", " + config_path + " makes it " + nlohmann::json(e.shape).dump());
+            throw FileError(weights_path + ": tensor " + shown_name(t.name) + " has shape " + shown(t.shape) + ", " +
+                            config_path + " makes it " + nlohmann::json(e.shape).dump());
         if (t.dtype != "F32" && t.dtype != "F16" && t.dtype != "BF16")
-            throw FileError(weights_path + ": tensor " + t.name + " is " + t.dtype +
+            throw FileError(weights_path + ": tensor " + shown_name(t.name) + " is " + t.dtype +
                             ", a dtype tpsp does not convert (F32, F16, BF16)");
         sources.push_back(&t);
     }

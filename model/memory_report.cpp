@@ -133,7 +133,10 @@ static MemoryReport report(const GPTConfig& c, const RunShape& r, const TensorPa
                   "%s: %s activations (e=%d)\n\n",
                   c.num_layers, c.num_heads, c.channels, c.vocab_size, c.padded_vocab_size, r.batch, r.seq_len,
                   r.dropout, recompute_description(r).c_str(), mode, tp.size,
-                  cp.size > 1 ? (", cp=" + std::to_string(cp.size) + " (each rank s/cp positions)").c_str() : "",
+                  cp.size > 1 ? (", cp=" + std::to_string(cp.size) + (cp.ring ? " (p2p ring attention" : " (a2a") +
+                                 ": each rank s/cp positions)")
+                                    .c_str()
+                              : "",
                   device, dtype_name(activation), int(e));
     m.text = line;
     m.text += format_table("saved activations of one transformer block's whole table:", block_table, activation);
@@ -174,8 +177,9 @@ static MemoryReport report(const GPTConfig& c, const RunShape& r, const TensorPa
 
 MemoryReport memory_report(const GPTConfig& c, const RunShape& r, const TensorParallelism& tp, Device device,
                            const ContextParallelism& cp) {
-    // the attention core's: every position, a/(t·cp) heads
-    const int64_t b = r.batch, s = r.seq_len, h = c.channels, a = c.num_heads, t = int64_t(tp.size) * cp.size;
+    // the attention core's: every position, a/(t·cp) heads (a/t under ring attention)
+    const int64_t b = r.batch, s = r.seq_len, h = c.channels, a = c.num_heads;
+    const int64_t t = int64_t(tp.size) * (cp.ring ? 1 : cp.size);
     if (device == Device::cuda)
         return report<uint16_t>(c, r, tp, attention_scratch_for(c, cuda_attention_scratch(b, s, h, a, t)), "cuda", cp);
     if (c.attention == AttentionKernel::cudnn_fused)

@@ -35,6 +35,7 @@ namespace tpsp {
 
 struct CollectiveBytes {
     int64_t all_gather = 0, reduce_scatter = 0, all_reduce = 0, all_to_all = 0;
+    int64_t ring = 0;  // sent around a ring by sends and receives (context parallelism's p2p)
 };
 
 // total: the time during which at least one of the group's transfers was in

@@ -49,6 +49,9 @@ struct TensorParallelism {
 struct ContextParallelism {
     int size = 1;  // cp
     int rank = 0;
+    // cp_comm_type p2p (ring attention): each rank keeps every head of its
+    // own positions and the K/V blocks travel the ring; a2a without
+    bool ring = false;
 
     int local_seq(int seq_len) const { return seq_len / size; }
     int chunk_len(int seq_len) const { return seq_len / (2 * size); }

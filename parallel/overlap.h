@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
+#include <utility>
 
 namespace tpsp {
 
@@ -166,6 +167,71 @@ void reduce_scatter_during(Comm& comm, const T* full, T* local, size_t count, Wo
     typename Comm::Transfer scatter = comm.start_reduce_scatter(full, local, count, "bulk reduce-scatter");
     work(Poll<Comm>(comm, {&scatter}));
     comm.wait(scatter);
+}
+
+// Context parallelism's ring (cp_comm_type p2p, docs/design.md §9),
+// forward: `block` [count] starts as this rank's K|V and travels the ring.
+// At step i this rank holds rank r − i's block and runs
+// compute(source, block, poll) on it while sending it on to rank r + 1 and
+// receiving rank r − i − 1's into `spare`; only the last step sends nothing.
+template <class Comm, class T, class Compute>
+void ring_pass_overlapped(Comm& comm, T* block, T* spare, size_t count, Compute&& compute) {
+    using Transfer = typename Comm::Transfer;
+    const int n = comm.size(), r = comm.rank(), next = (r + 1) % n, previous = (r - 1 + n) % n;
+    comm.bytes.ring += int64_t(count) * (n - 1) * int64_t(sizeof(T));
+    for (int step = 0; step < n; step++) {
+        Transfer send, receive;
+        if (step + 1 < n) comm.start_exchange(block, spare, count, next, previous, step, "ring K/V", &send, &receive);
+        compute((r - step + n) % n, static_cast<const T*>(block), Poll<Comm>(comm, {&send, &receive}));
+        comm.wait(receive);
+        comm.wait(send);
+        std::swap(block, spare);
+    }
+}
+
+// The ring in backward: the K|V blocks travel again as in forward, and each
+// block's gradient dK|dV follows one step behind. At step i this rank runs
+// compute(source, block, partial, poll), which writes its own part of block
+// r − i's gradient into `partial` (overwriting it); the accumulator rank r − 1
+// sent meanwhile (the parts of the ranks before) is added, and the sum goes
+// on to rank r + 1. After the last step every accumulator holds every rank's
+// part and makes one more hop, home: this rank's arrives in `home`.
+// accumulators: 2 · count elements (the one going out, the one coming in).
+template <class Comm, class T, class Compute>
+void ring_pass_with_gradients_overlapped(Comm& comm, T* block, T* spare, T* partial, T* accumulators, T* home,
+                                         size_t count, Compute&& compute) {
+    using Transfer = typename Comm::Transfer;
+    const int n = comm.size(), r = comm.rank(), next = (r + 1) % n, previous = (r - 1 + n) % n;
+    if (n == 1) {
+        compute(r, static_cast<const T*>(block), partial, Poll<Comm>(comm, {}));
+        comm.copy(home, partial, count);
+        return;
+    }
+    T* outgoing = accumulators;
+    T* incoming = accumulators + count;
+    comm.bytes.ring += int64_t(count) * (2 * n - 1) * int64_t(sizeof(T));
+    Transfer send_sum, receive_sum;
+    for (int step = 0; step < n; step++) {
+        Transfer send, receive;
+        if (step + 1 < n)
+            comm.start_exchange(block, spare, count, next, previous, 2 * step, "ring K/V", &send, &receive);
+        compute((r - step + n) % n, static_cast<const T*>(block), partial,
+                Poll<Comm>(comm, {&send, &receive, &send_sum, &receive_sum}));
+        if (step > 0) {
+            comm.wait(receive_sum);
+            comm.add(partial, incoming, count);
+        }
+        comm.wait(send_sum);  // the buffer going out is free again
+        std::swap(partial, outgoing);
+        // the last hop, home, has no compute left to hide under: its wait is exposed
+        comm.start_exchange(outgoing, step + 1 < n ? incoming : home, count, next, previous, 2 * step + 1,
+                            step + 1 < n ? "ring dK/dV" : "ring dK/dV home", &send_sum, &receive_sum);
+        comm.wait(receive);
+        comm.wait(send);
+        std::swap(block, spare);
+    }
+    comm.wait(receive_sum);
+    comm.wait(send_sum);
 }
 
 }  // namespace tpsp

@@ -55,6 +55,11 @@ TEST(HellaSwag, TheFileIsReadAsLlmcEncodesIt) {
 
 TEST(HellaSwag, AFileWithAMistakeIsOneLineNamingItsLineNumber) {
     const std::string good = "{\"ctx\": \"a\", \"endings\": [\"b\", \"c\", \"d\", \"e\"], \"label\": 1}\n";
+    std::string deep = good;  // (built step by step: GCC 12's -Wrestrict trips on the + chain)
+    deep += "{\"ctx\": ";
+    deep.append(3000, '[');
+    deep.append(3000, ']');
+    deep += "}\n";
     const std::pair<std::string, std::string> cases[] = {
         {good + "{\"ctx\": \"a\", \"endings\": [\"b\", \"c\", \"d\", \"e\"], \"label\": 4}\n",
          "hellaswag.jsonl:2: label 4 is not an ending's index (0 to 3)"},
@@ -68,6 +73,7 @@ TEST(HellaSwag, AFileWithAMistakeIsOneLineNamingItsLineNumber) {
          "hellaswag.jsonl:1: \"ctx\" is empty"},
         {good + "{\"ctx\": \"a\", \"endings\": [\"b\", \"c\"\n", "hellaswag.jsonl:2: not a JSON object"},
         {"\n\n", "hellaswag.jsonl:1: no examples"},
+        {deep, "hellaswag.jsonl:2: nests deeper than an example does"},
     };
     for (const auto& [text, line] : cases) {
         SCOPED_TRACE(text);

@@ -520,6 +520,43 @@ TEST(HuggingFaceImport, EachFileItCannotReadIsOneLineAndWritesNothing) {
     const uint64_t end = std::stoull(lying.substr(comma + 1, close - comma - 1));
     lying.replace(comma + 1, close - comma - 1, std::to_string(end - 4));
     lying.insert(close, std::string(std::to_string(end).size() - std::to_string(end - 4).size(), ' '));
+    // the header and data rewritten by hand: change(header, data) on the parsed header
+    const auto rewritten = [&](const std::function<void(nlohmann::ordered_json&, std::string&)>& change) {
+        const Safetensors file = read_safetensors(r.hf / "model.safetensors");
+        nlohmann::ordered_json header = file.header;
+        std::string data = file.data;
+        change(header, data);
+        std::string json = header.dump();
+        json.append((8 - json.size() % 8) % 8, ' ');
+        std::string bytes(8, '\0');
+        for (int i = 0; i < 8; i++) bytes[size_t(i)] = char(uint8_t(uint64_t(json.size()) >> (8 * i)));
+        return bytes + json + data;
+    };
+    const auto move_from = [](nlohmann::ordered_json& header, uint64_t from, int64_t by) {
+        for (auto& [name, info] : header.items())
+            if (name != "__metadata__" && info["data_offsets"][0].get<uint64_t>() >= from)
+                for (int i = 0; i < 2; i++) info["data_offsets"][i] = info["data_offsets"][i].get<uint64_t>() + by;
+    };
+    // 4 bytes of nothing before ln_f.bias: a gap
+    const std::string gap = rewritten([&](nlohmann::ordered_json& header, std::string& data) {
+        const uint64_t at = header["transformer.ln_f.bias"]["data_offsets"][0];
+        move_from(header, at, 4);
+        data.insert(at, 4, '\0');
+    });
+    // ln_f.bias pointed at ln_f.weight's bytes (same shape): an overlap, its own bytes gone
+    const std::string overlap = rewritten([&](nlohmann::ordered_json& header, std::string& data) {
+        const uint64_t at = header["transformer.ln_f.bias"]["data_offsets"][0];
+        const uint64_t size = header["transformer.ln_f.bias"]["data_offsets"][1].get<uint64_t>() - at;
+        header["transformer.ln_f.bias"]["data_offsets"] = header["transformer.ln_f.weight"]["data_offsets"];
+        move_from(header, at + 1, -int64_t(size));
+        data.erase(at, size);
+    });
+    // a shape nested 2000 deep: refused before it is parsed (nlohmann's dump would recurse through it)
+    std::string deep_json = "{\"transformer.wpe.weight\":{\"dtype\":\"F32\",\"shape\":" + std::string(2000, '[') +
+                            std::string(2000, ']') + ",\"data_offsets\":[0,0]}}";
+    std::string deep(8, '\0');
+    for (int i = 0; i < 8; i++) deep[size_t(i)] = char(uint8_t(uint64_t(deep_json.size()) >> (8 * i)));
+    deep += deep_json;
     std::string huge = weights;  // a header length of 100 MB + 8
     const uint64_t too_long = tpsp::safetensors_max_header + 8;
     for (int i = 0; i < 8; i++) huge[size_t(i)] = char(uint8_t(too_long >> (8 * i)));
@@ -568,6 +605,23 @@ TEST(HuggingFaceImport, EachFileItCannotReadIsOneLineAndWritesNothing) {
         {"a truncated header", config, weights.substr(0, 20), "model.safetensors: truncated: the header is"},
         {"a header that lies about its offsets", config, lying,
          "model.safetensors: the header lies about its offsets: tensor transformer.wte.weight"},
+        {"a gap between two tensors", config, gap,
+         "model.safetensors: the header lies about its offsets: tensor transformer.ln_f.bias begins at "},
+        {"two tensors on the same bytes", config, overlap, "model.safetensors: the header lies about its offsets"},
+        {"a header nested 2000 deep", config, deep, "model.safetensors: the header nests deeper than 3 levels"},
+        {"a tensor under both names", config, with_tensors([](auto& t) {
+             for (const StoredTensor& x : std::vector<StoredTensor>(t))
+                 if (x.name == "transformer.wpe.weight") t.push_back({"wpe.weight", x.dtype, x.shape, x.bytes});
+         }),
+         "model.safetensors: the tensor transformer.wpe.weight is there twice"},
+        {"a name with a line break", config, with_tensors([](auto& t) {
+             t.push_back({"evil\nname", "F32", {1}, std::string(4, '\0')});
+         }),
+         "model.safetensors: an extra tensor \"evil\\nname\""},
+        {"a mask of a layer the model lacks", config, with_tensors([](auto& t) {
+             t.push_back({"h.7.attn.bias", "F32", {1}, std::string(4, '\0')});
+         }),
+         "model.safetensors: an extra tensor h.7.attn.bias"},
         {"a header over 100 MB", config, huge,
          "model.safetensors: a header of 100000008 bytes: over safetensors' limit"},
         {"a non-finite weight", config, with_tensors([](auto& t) {

@@ -235,6 +235,109 @@ static void attention_gradient_check(float p) {
 TEST(Kernels, AttentionBackwardMatchesFiniteDifferences) { attention_gradient_check(0.0f); }
 TEST(Kernels, AttentionBackwardWithDropoutMatchesFiniteDifferences) { attention_gradient_check(0.25f); }
 
+// Ring attention's kernels (context parallelism's p2p) against the unsplit
+// attention, every CP rank simulated here: rank r's rows of qkv are its two
+// chunks of positions, the K|V blocks come in the ring's order (its own,
+// then r − 1, r − 2, …), and the online softmax merges them. Rank 0's first
+// chunk of queries meets no key of any other block (fully masked there), the
+// causal pairs on the diagonal only partly. Out, S', the mask and S, dQ, and
+// dK|dV summed over every rank's parts, against attention_forward/backward.
+static void ring_attention_check(int cp, float p) {
+    SCOPED_TRACE("cp " + std::to_string(cp) + " dropout " + std::to_string(p));
+    constexpr int S = 12, RB = 2, RC = 8, RNH = 2;
+    const int c = S / (2 * cp), T_loc = S / cp;
+    const DropoutKey key{3, 1, 0, DropoutSite::attention_probs};
+    auto qkv = random_vector(size_t(S) * RB * 3 * RC, 41, 2.0f), dout = random_vector(size_t(S) * RB * RC, 42);
+    std::vector<float> out(size_t(S) * RB * RC), sp(size_t(RB) * RNH * S * S), sd(sp.size()), dqkv(qkv.size());
+    std::vector<uint8_t> mask(sp.size());
+    std::vector<float> scratch(64 * S * S);
+    attention_forward(out.data(), sp.data(), mask.data(), sd.data(), qkv.data(), nullptr, RB, S, RC, RNH, p,
+                      full_box(RB, RNH, S * S), key);
+    attention_backward(dqkv.data(), dout.data(), qkv.data(), sp.data(), mask.data(), sd.data(), scratch.data(), RB, S,
+                       RC, RNH, p);
+    const auto chunk_of = [&](int r, int half) { return half == 0 ? r : 2 * cp - 1 - r; };
+    const auto global_row = [&](int r, int local) { return chunk_of(r, local / c) * c + local % c; };
+    // each rank's rows of a [S, B, width] tensor, and back
+    const auto rows_of = [&](const std::vector<float>& full, int r, int width, int offset, int full_width) {
+        std::vector<float> local(size_t(T_loc) * RB * width);
+        for (int i = 0; i < T_loc; i++)
+            for (int b = 0; b < RB; b++)
+                std::memcpy(&local[(size_t(i) * RB + b) * width],
+                            &full[(size_t(global_row(r, i)) * RB + b) * full_width + offset], sizeof(float) * width);
+        return local;
+    };
+    std::vector<float> dkv_sum(size_t(S) * RB * 2 * RC, 0.0f);  // every rank's dK|dV parts, by global position
+    double worst_out = 0, worst_scores = 0, worst_dq = 0;
+    int wrong_masks = 0;
+    for (int r = 0; r < cp; r++) {
+        const RingAttention ra{RB, T_loc, S, RC, RNH, c, {chunk_of(r, 0), chunk_of(r, 1)}, RNH, 0, 0};
+        const std::vector<float> q = rows_of(qkv, r, 3 * RC, 0, 3 * RC), d = rows_of(dout, r, RC, 0, RC);
+        std::vector<float> o(size_t(T_loc) * RB * RC), stats(2 * size_t(RB) * RNH * T_loc);
+        std::vector<float> scores(size_t(RB) * 2 * RNH * c * S, -1.0f), dropped(scores.size());
+        std::vector<uint8_t> m(scores.size());
+        ring_attention_start(o.data(), stats.data(), ra);
+        for (int step = 0; step < cp; step++) {
+            const int source = (r - step + cp) % cp;
+            const std::vector<float> kv = rows_of(qkv, source, 2 * RC, RC, 3 * RC);
+            const int chunks[2] = {chunk_of(source, 0), chunk_of(source, 1)};
+            for (int b = 0; b < RB; b++)
+                ring_attention_forward_block(o.data(), stats.data(), scores.data(), q.data(), kv.data(), chunks, ra, b,
+                                             p, key, scratch.data());
+        }
+        ring_attention_finish(o.data(), scores.data(), m.data(), dropped.data(), stats.data(), ra, p, key);
+        const std::vector<float> expected_out = rows_of(out, r, RC, 0, RC);
+        for (size_t i = 0; i < o.size(); i++)
+            worst_out = std::max(worst_out, double(std::fabs(o[i] - expected_out[i])));
+        for (int b = 0; b < RB; b++)
+            for (int half = 0; half < 2; half++)
+                for (int h = 0; h < RNH; h++)
+                    for (int i = 0; i < c; i++) {
+                        const size_t row = (((size_t(b) * 2 + half) * RNH + h) * c + i) * S;
+                        const size_t one = ((size_t(b) * RNH + h) * S + chunk_of(r, half) * c + i) * S;
+                        for (int k = 0; k < S; k++)
+                            worst_scores = std::max(worst_scores, double(std::fabs(scores[row + k] - sp[one + k])));
+                        if (p > 0.0f) wrong_masks += std::memcmp(&m[row], &mask[one], S) != 0;
+                    }
+        // backward: dQ here, each block's dK|dV part added at its positions
+        std::vector<float> dq(q.size(), 7.0f), partial(size_t(T_loc) * RB * 2 * RC);
+        ring_attention_backward_start(stats.data(), dq.data(), d.data(), o.data(), ra);
+        for (int step = 0; step < cp; step++) {
+            const int source = (r - step + cp) % cp;
+            const std::vector<float> kv = rows_of(qkv, source, 2 * RC, RC, 3 * RC);
+            const int chunks[2] = {chunk_of(source, 0), chunk_of(source, 1)};
+            std::fill(partial.begin(), partial.end(), 0.0f);
+            for (int b = 0; b < RB; b++)
+                ring_attention_backward_block(dq.data(), partial.data(), d.data(), q.data(), kv.data(), scores.data(),
+                                              m.data(), dropped.data(), stats.data(), chunks, ra, b, p, scratch.data());
+            for (int i = 0; i < T_loc; i++)
+                for (int b = 0; b < RB; b++)
+                    for (int j = 0; j < 2 * RC; j++)
+                        dkv_sum[(size_t(global_row(source, i)) * RB + b) * 2 * RC + j] +=
+                            partial[(size_t(i) * RB + b) * 2 * RC + j];
+        }
+        const std::vector<float> expected_dq = rows_of(dqkv, r, RC, 0, 3 * RC);
+        for (int i = 0; i < T_loc * RB; i++)
+            for (int j = 0; j < RC; j++)
+                worst_dq = std::max(worst_dq,
+                                    double(std::fabs(dq[size_t(i) * 3 * RC + j] - expected_dq[size_t(i) * RC + j])));
+    }
+    double worst_dkv = 0;
+    for (int n = 0; n < S * RB; n++)
+        for (int j = 0; j < 2 * RC; j++)
+            worst_dkv = std::max(
+                worst_dkv, double(std::fabs(dkv_sum[size_t(n) * 2 * RC + j] - dqkv[size_t(n) * 3 * RC + RC + j])));
+    EXPECT_LT(worst_out, 1e-5);
+    EXPECT_LT(worst_scores, 1e-6);
+    EXPECT_LT(worst_dq, 1e-5);
+    EXPECT_LT(worst_dkv, 1e-5);
+    EXPECT_EQ(wrong_masks, 0);
+}
+
+TEST(Kernels, RingAttentionsOnlineSoftmaxEqualsTheUnsplitAttention) {
+    for (int cp : {1, 2, 3})
+        for (float p : {0.0f, 0.2f}) ring_attention_check(cp, p);
+}
+
 TEST(Kernels, ResidualForwardAdds) {
     auto a = random_vector(100, 21), b = random_vector(100, 22);
     std::vector<float> out(100);

@@ -611,10 +611,12 @@ TEST(ContextParallel, Sp2hpIsTheWholeSequenceSlicedByHeadsAndHp2spItsInverse) {
 // (the mean over every position), every gradient (summed over the CP group,
 // the TP shards gathered), the dropout masks (each rank's slice of the
 // one-rank masks, by global position and head), at dropout 0.1; and the
-// arena, the paper's formula divided by cp.
-void compare_context_parallel_with_one_rank(int cp, int t, bool sequence_parallel, const RunShape& shape = ::shape) {
+// arena, the paper's formula divided by cp. `ring`: ring attention
+// (cp_comm_type p2p) instead of the all-to-alls; `heads`: the model's.
+void compare_context_parallel_with_one_rank(int cp, int t, bool sequence_parallel, const RunShape& shape = ::shape,
+                                            bool ring = false, int model_heads = 4) {
     SCOPED_TRACE("cp=" + std::to_string(cp) + " t=" + std::to_string(t) + (sequence_parallel ? " SP " : " TP only ") +
-                 recompute_description(shape));
+                 recompute_description(shape) + (ring ? " ring" : " a2a") + " heads=" + std::to_string(model_heads));
     int world_rank;
     MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
     const int tp_rank = world_rank % t, cp_rank = world_rank / t % cp, replica = world_rank / (t * cp);
@@ -622,7 +624,9 @@ void compare_context_parallel_with_one_rank(int cp, int t, bool sequence_paralle
     MPI_Comm_split(MPI_COMM_WORLD, world_rank / t, tp_rank, &tp_comm);
     MPI_Comm_split(MPI_COMM_WORLD, replica * t + tp_rank, cp_rank, &cp_comm);
     Communicator tp_group(tp_comm), cp_group(cp_comm);
-    const GPTConfig config = tiny_config();
+    GPTConfig config = tiny_config();
+    config.num_heads = model_heads;
+    config.channels = 8 * model_heads;  // head size 8
     const int B = shape.batch, S = shape.seq_len, C = config.channels, N = B * S;
     const std::vector<int> tokens = tpsp::testing::random_tokens(N, config.vocab_size, 31);
     const DropoutStep draw{5, 2, 0};
@@ -638,7 +642,7 @@ void compare_context_parallel_with_one_rank(int cp, int t, bool sequence_paralle
     const ContextParallelism layout{cp, cp_rank};
     RunShape rank_shape = shape;
     rank_shape.seq_len = layout.local_seq(S);
-    GPT split(config, rank_shape, {t, tp_rank, sequence_parallel, {}}, &tp_group, &cp_group);
+    GPT split(config, rank_shape, {t, tp_rank, sequence_parallel, {}}, &tp_group, &cp_group, ring);
     split.init_random(11);
     split.zero_grad();
     const float split_loss = split.forward(tokens.data(), tokens.data() + 1, draw);  // it reads its positions
@@ -650,15 +654,32 @@ void compare_context_parallel_with_one_rank(int cp, int t, bool sequence_paralle
     expect_gathered_gradients(tp_group, split, one, 1e-5);  // summed over cp above
 
     // the masks: attention by (sequence, head), the others by global position
-    const int heads = config.num_heads / (t * cp), first_head = (tp_rank * cp + cp_rank) * heads;
+    const int heads = config.num_heads / (ring ? t : t * cp);
+    const int first_head = (ring ? tp_rank : tp_rank * cp + cp_rank) * heads;
     const int rows = sequence_parallel ? rank_shape.seq_len / t : rank_shape.seq_len;
     const int first = sequence_parallel ? tp_rank * rows : 0;
+    const int chunk = layout.chunk_len(S);
     int wrong = 0;
     for (int l = 0; l < config.num_layers; l++) {
-        for (int b = 0; b < B; b++)
-            wrong += std::memcmp(split.blocks[l].attn_dropout_mask + size_t(b) * heads * S * S,
-                                 one.blocks[l].attn_dropout_mask + (size_t(b) * config.num_heads + first_head) * S * S,
-                                 size_t(heads) * S * S) != 0;
+        for (int b = 0; b < B; b++) {
+            if (!ring) {
+                wrong += std::memcmp(
+                             split.blocks[l].attn_dropout_mask + size_t(b) * heads * S * S,
+                             one.blocks[l].attn_dropout_mask + (size_t(b) * config.num_heads + first_head) * S * S,
+                             size_t(heads) * S * S) != 0;
+                continue;
+            }
+            // ring attention's rows [b, 2, a/t, chunk, S]: this rank's two chunks of queries
+            for (int half = 0; half < 2; half++)
+                for (int h = 0; h < heads; h++)
+                    for (int i = 0; i < chunk; i++) {
+                        const size_t row = ((size_t(b) * 2 + half) * heads + h) * chunk + i;
+                        const int query = layout.chunk_of(cp_rank, half) * chunk + i;
+                        const size_t one_row = (size_t(b) * config.num_heads + first_head + h) * S + query;
+                        wrong += std::memcmp(split.blocks[l].attn_dropout_mask + row * S,
+                                             one.blocks[l].attn_dropout_mask + one_row * S, S) != 0;
+                    }
+        }
         for (int i = 0; i < rows; i++) {
             const size_t global = size_t(layout.global_position(first + i, S)) * B * C;
             wrong += std::memcmp(split.blocks[l].fc2_dropout_mask + size_t(i) * B * C,
@@ -686,6 +707,24 @@ void compare_context_parallel_with_one_rank(int cp, int t, bool sequence_paralle
     }
     MPI_Comm_free(&tp_comm);
     MPI_Comm_free(&cp_comm);
+}
+
+// Ring attention (cp_comm_type p2p): the same comparisons; with a = 6 heads,
+// which a2a cannot cut 4 ways, at cp = 4.
+TEST(ContextParallel, RingAttentionOnCpRanksEqualsOneRank) {
+    const bool ring = true;
+    compare_context_parallel_with_one_rank(2, 1, true, ::shape, ring);
+    compare_context_parallel_with_one_rank(4, 1, true, ::shape, ring);
+    compare_context_parallel_with_one_rank(2, 2, true, ::shape, ring);
+    compare_context_parallel_with_one_rank(2, 2, false, ::shape, ring);
+    compare_context_parallel_with_one_rank(4, 1, true, ::shape, ring, 6);
+    compare_context_parallel_with_one_rank(2, 2, true, ::shape, ring, 6);
+    // selective recomputation runs the ring again in backward; full recomputes the whole block
+    for (const RunShape& recompute : {RunShape{3, 16, 0.1f, Recompute::selective},
+                                      RunShape{3, 16, 0.1f, Recompute::full, RecomputeMethod::uniform, 1}}) {
+        compare_context_parallel_with_one_rank(2, 1, true, recompute, ring);
+        compare_context_parallel_with_one_rank(2, 2, true, recompute, ring);
+    }
 }
 
 TEST(ContextParallel, TheModelOnCpRanksEqualsOneRank) {

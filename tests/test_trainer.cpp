@@ -461,30 +461,110 @@ TEST(TensorParallelTraining, ACheckpointSavedAtTwoRanksResumesAtOneAndFour) {
 // cp = 2 and 4, and cp = 2 × t = 2, dropout 0.1, against one rank. The
 // arithmetic differs from cp = 1 only in the order of fp32 sums (the
 // gradients over the CP ranks, the loss's mean), so 1e-5 relative.
+// 10 steps at cp = 2 and 4 (t = 1) and cp = 2 × t = 2, dropout 0.1, with
+// the all-to-alls (a2a) and with ring attention (p2p): every loss within
+// 1e-5 of one rank's, and p2p's within 1e-5 of a2a's.
 TEST(ContextParallelTraining, LossesAtCpTwoAndFourEqualOneRank) {
     if (!have_mpirun()) GTEST_SKIP() << "mpirun not installed";
     fs::path root = scratch_dir();
-    auto losses = [&](int cp, int t) {
-        fs::path dir = root / ("cp" + std::to_string(cp) + "t" + std::to_string(t));
+    auto losses = [&](int cp, int t, const std::string& type) {
+        fs::path dir = root / ("cp" + std::to_string(cp) + "t" + std::to_string(t) + type);
         fs::create_directories(dir);
-        Outcome r = run(mpirun(cp * t) + tiny_train(dir, short_run + "train.steps=10 parallel.cp=" +
-                                                             std::to_string(cp) + " parallel.tp=" + std::to_string(t)),
+        Outcome r = run(mpirun(cp * t) +
+                            tiny_train(dir, short_run + "train.steps=10 parallel.cp=" + std::to_string(cp) +
+                                                " parallel.tp=" + std::to_string(t) + " parallel.cp_comm_type=" + type),
                         dir);
         EXPECT_EQ(r.exit_code, 0) << r.err;
         if (cp > 1) {
-            EXPECT_NE(r.out.find("| CP A2A "), std::string::npos) << "the step line shows the all-to-alls";
+            EXPECT_NE(r.out.find(type == "p2p" ? "| CP P2P " : "| CP A2A "), std::string::npos)
+                << "the step line shows the CP transfers";
         }
         return field(dir / "metrics.jsonl", "loss");
     };
-    const std::vector<std::string> one = losses(1, 1);
+    const std::vector<std::string> one = losses(1, 1, "a2a");
     ASSERT_EQ(one.size(), 10u);
     for (auto [cp, t] : {std::pair{2, 1}, std::pair{4, 1}, std::pair{2, 2}}) {
         SCOPED_TRACE("cp=" + std::to_string(cp) + " t=" + std::to_string(t));
-        const std::vector<std::string> split = losses(cp, t);
-        ASSERT_EQ(split.size(), 10u);
-        for (int i = 0; i < 10; i++)
-            EXPECT_NEAR(std::stod(split[i]), std::stod(one[i]), 1e-5 * std::stod(one[i])) << "step " << i + 1;
+        const std::vector<std::string> all_to_all = losses(cp, t, "a2a"), ring = losses(cp, t, "p2p");
+        ASSERT_EQ(all_to_all.size(), 10u);
+        ASSERT_EQ(ring.size(), 10u);
+        for (int i = 0; i < 10; i++) {
+            const double reference = std::stod(one[i]);
+            EXPECT_NEAR(std::stod(all_to_all[i]), reference, 1e-5 * reference) << "a2a, step " << i + 1;
+            EXPECT_NEAR(std::stod(ring[i]), reference, 1e-5 * reference) << "p2p, step " << i + 1;
+            EXPECT_NEAR(std::stod(ring[i]), std::stod(all_to_all[i]), 1e-5 * reference) << "p2p vs a2a, step " << i + 1;
+        }
     }
+}
+
+// Ring attention's transfers: each K/V and dK/dV transfer of the trace
+// overlaps the ring's compute on the same rank, but for each block's last
+// dK/dV hop home, which follows the last compute (one per layer in
+// backward); and the bytes per step are
+// the layout's: per block L·((cp − 1) K|V blocks forward, cp − 1 again and
+// cp gradient blocks backward), a block being [s/cp, b, 2h] fp32.
+TEST(ContextParallelTraining, RingAttentionsTransfersRunUnderItsCompute) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not installed";
+    fs::path dir = scratch_dir();
+    const fs::path trace = dir / "trace.json";
+    Outcome r = run(mpirun(2) + tiny_train(dir, short_run +
+                                                    "train.steps=3 parallel.cp=2 parallel.cp_comm_type=p2p "
+                                                    "logging.trace=" +
+                                                    trace.string() + " logging.trace_steps=2"),
+                    dir);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const int64_t block = int64_t(64 / 2) * 8 * 2 * 128 * 4, L = 4, cp = 2;
+    const std::vector<std::string> bytes = field(dir / "metrics.jsonl", "cp_ring_bytes");
+    ASSERT_EQ(bytes.size(), 3u);
+    EXPECT_EQ(std::stoll(bytes[2]), L * ((cp - 1) + (cp - 1) + cp) * block);
+    const nlohmann::json events = nlohmann::json::parse(read_text(trace)).at("traceEvents");
+    struct Span {
+        double begin, end;
+    };
+    std::vector<Span> compute, transfers;
+    int home = 0;
+    for (const nlohmann::json& e : events) {
+        if (!e.contains("dur") || e.at("pid") != 0) continue;
+        const std::string name = e.at("name");
+        const Span span{e.at("ts").get<double>(), e.at("ts").get<double>() + e.at("dur").get<double>()};
+        if (name == "ring attention" || name == "ring attention backward") compute.push_back(span);
+        if (name == "ring K/V" || name == "ring dK/dV") transfers.push_back(span);
+        home += name == "ring dK/dV home";
+    }
+    EXPECT_EQ(home, L * 2) << "one hop home per layer, in each of the 2 traced steps";
+    ASSERT_FALSE(transfers.empty()) << "the trace shows no ring transfer";
+    int alone = 0;
+    for (const Span& t : transfers) {
+        bool under = false;
+        for (const Span& c : compute) under = under || (c.begin < t.end && t.begin < c.end);
+        alone += !under;
+    }
+    EXPECT_EQ(alone, 0) << "of " << transfers.size() << " ring transfers, these overlap no ring compute";
+}
+
+// Ring attention where a2a cannot go: a = 6 heads at cp = 4, against one rank.
+TEST(ContextParallelTraining, RingAttentionRunsHeadsThatTheAllToAllsCannotCut) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not installed";
+    fs::path root = scratch_dir();
+    const std::string six_heads = short_run + "train.steps=5 model.heads=6 model.channels=96 ";
+    std::vector<std::string> losses[2];
+    for (int cp : {1, 4}) {
+        fs::path dir = root / ("cp" + std::to_string(cp));
+        fs::create_directories(dir);
+        Outcome r = run(
+            mpirun(cp) + tiny_train(dir, six_heads + "parallel.cp_comm_type=p2p parallel.cp=" + std::to_string(cp)),
+            dir);
+        ASSERT_EQ(r.exit_code, 0) << r.err;
+        losses[cp == 4] = field(dir / "metrics.jsonl", "loss");
+    }
+    ASSERT_EQ(losses[0].size(), 5u);
+    ASSERT_EQ(losses[1].size(), 5u);
+    for (int i = 0; i < 5; i++)
+        EXPECT_NEAR(std::stod(losses[1][i]), std::stod(losses[0][i]), 1e-5 * std::stod(losses[0][i]))
+            << "step " << i + 1;
+    Outcome a2a = run(mpirun(4) + tiny_train(root, six_heads + "parallel.cp=4"), root);
+    EXPECT_NE(a2a.exit_code, 0);
+    EXPECT_NE(a2a.err.find("tp · cp = 4 does not divide model.heads = 6"), std::string::npos) << a2a.err;
 }
 
 // dp = 2 × cp = 2 against dp = 2 alone, the same batch a DP rank: the
@@ -565,7 +645,7 @@ TEST(ContextParallelTraining, ALayoutCpCannotCutIsOneConfigLine) {
     const std::pair<std::string, std::string> cases[] = {
         {"parallel.cp=3", "tp · cp = 3 does not divide model.heads = 4"},
         {"parallel.cp=2 train.seq_len=66", "2 · cp · tp = 4 does not divide train.seq_len = 66"},
-        {"parallel.cp=2 parallel.cp_comm_type=p2p", "p2p (ring attention) is not built yet"},
+        {"parallel.cp=2 parallel.cp_comm_type=p2p train.device=cuda", "p2p (ring attention) runs on the CPU backend"},
         {"parallel.cp=2", "tp · cp = 2 does not divide the 1 ranks launched"},
     };
     for (const auto& [bad, line] : cases) {

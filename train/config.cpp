@@ -202,8 +202,9 @@ const std::vector<Key>& keys() {
         int_key("parallel.cp", [](Config& c) -> int& { return c.parallel.cp; }, 1,
                 "context-parallel size: every sequence cut across cp ranks (world = dp × cp × tp)"),
         string_key("parallel.cp_comm_type", [](Config& c) -> std::string& { return c.parallel.cp_comm_type; },
-                   {"a2a", "p2p"}, "how attention sees the whole sequence: a2a (sp2hp / hp2sp all-to-alls); "
-                                   "p2p (ring attention) is not built yet"),
+                   {"a2a", "p2p"}, "how attention sees the whole sequence: a2a (sp2hp / hp2sp all-to-alls: "
+                                   "tp · cp must divide the heads); p2p (ring attention: the K/V blocks go round "
+                                   "the CP ring, overlapped; the CPU backend)"),
         bool_key("parallel.tp_comm_overlap", [](Config& c) -> bool& { return c.parallel.tp_comm_overlap; },
                  "master switch of communication overlap (needs SP); off turns every tp_comm_* off"),
         bool_key("parallel.tp_comm_overlap_ag", [](Config& c) -> bool& { return c.parallel.tp_comm_overlap_ag; },
@@ -361,11 +362,13 @@ void validate(const Config& c, const std::string& where) {
     if (c.parallel.sequence_parallel) must_divide("train.seq_len (sequence parallelism shards it)", c.train.seq_len);
     const int cp = c.parallel.cp;
     if (cp > 1) {
-        if (c.parallel.cp_comm_type == "p2p")
-            fail("parallel.cp_comm_type", "p2p (ring attention) is not built yet: a2a is");
-        if (c.model.heads % (t * cp) != 0)
-            fail("parallel.cp", "tp · cp = " + std::to_string(t * cp) + " does not divide model.heads = " +
-                                    std::to_string(c.model.heads) + " (a2a gives each rank heads / (tp · cp) heads)");
+        const bool ring = c.parallel.cp_comm_type == "p2p";
+        if (ring && c.train.device == "cuda")
+            fail("parallel.cp_comm_type", "p2p (ring attention) runs on the CPU backend so far: a2a runs on the GPU");
+        if (!ring && c.model.heads % (t * cp) != 0)
+            fail("parallel.cp", "tp · cp = " + std::to_string(t * cp) +
+                                    " does not divide model.heads = " + std::to_string(c.model.heads) +
+                                    " (a2a gives each rank heads / (tp · cp) heads; p2p needs only tp to divide them)");
         // (stricter than TP-only needs, where tp does not cut positions: one rule for both modes)
         if (c.train.seq_len % (2 * cp * t) != 0)
             fail("parallel.cp", "2 · cp · tp = " + std::to_string(2 * cp * t) + " does not divide train.seq_len = " +

@@ -52,7 +52,7 @@ struct Config {
         bool sequence_parallel = true;
         // Context parallelism (docs/design.md §9): every sequence cut across cp
         // ranks for the whole model; attention through sp2hp / hp2sp
-        // (cp_comm_type a2a). p2p (ring attention) is not built yet.
+        // (cp_comm_type a2a) or ring attention (p2p: K/V blocks around the ring).
         int cp = 1;
         std::string cp_comm_type = "a2a";
         // Megatron's communication-overlap switches (docs/design.md §4); the master

@@ -37,13 +37,36 @@ std::vector<HellaSwagExample> load_hellaswag(const std::string& path, int vocab_
     return examples;
 }
 
-std::string hellaswag_file_identity(const std::string& path) {
-    std::error_code error;
-    const uintmax_t bytes = std::filesystem::file_size(path, error);
-    if (error) throw FileError(path + ": cannot read the HellaSwag file");
-    char crc[16];
-    std::snprintf(crc, sizeof(crc), "%08x", crc32c_of_file(path, bytes));
-    return std::to_string(bytes) + " bytes, CRC-32C " + crc;
+std::string hellaswag_input_lines(const std::string& path, int vocab_size, const std::string& bpe_dir) {
+    std::vector<std::string> paths = {path};
+    if (vocab_size != 256)
+        for (const char* name : {"encoder.json", "vocab.bpe"})
+            paths.push_back((std::filesystem::path(bpe_dir) / name).string());
+    std::string lines;
+    for (const std::string& file : paths) {
+        std::error_code error;
+        const uintmax_t bytes = std::filesystem::file_size(file, error);
+        try {
+            if (error) throw FileError("cannot read its size");
+            char crc[16];
+            std::snprintf(crc, sizeof(crc), "%08x", crc32c_of_file(file, bytes));
+            lines += file + ": " + std::to_string(bytes) + " bytes, CRC-32C " + crc + "\n";
+        } catch (const FileError& e) {
+            lines += file + ": unreadable (" + e.what() + ")\n";
+        }
+    }
+    return lines;
+}
+
+int hellaswag_cut_examples(const std::vector<HellaSwagExample>& examples, int seq_len) {
+    int cut = 0;
+    for (const HellaSwagExample& e : examples)
+        for (int k = 0; k < hellaswag_endings; k++)
+            if (hellaswag_row(e, k, seq_len).cut) {
+                cut++;
+                break;
+            }
+    return cut;
 }
 
 void check_hellaswag_fits(const std::string& path, const std::vector<HellaSwagExample>& examples, int seq_len) {

@@ -39,8 +39,13 @@ std::string hellaswag_line(const HellaSwagScore& score);
 std::vector<HellaSwagExample> load_hellaswag(const std::string& path, int vocab_size, const std::string& bpe_dir,
                                              int seq_len);
 
-// The file's size and CRC-32C in one line, for the ranks to compare.
-std::string hellaswag_file_identity(const std::string& path);
+// The HellaSwag file's size and CRC-32C, and those of GPT-2's BPE files that
+// encode it (vocabulary 50257), a line each, for the ranks to compare: a
+// node whose copy differs would score other tokens.
+std::string hellaswag_input_lines(const std::string& path, int vocab_size, const std::string& bpe_dir);
+
+// How many examples lose the start of their context at this sequence length.
+int hellaswag_cut_examples(const std::vector<HellaSwagExample>& examples, int seq_len);
 
 // Refuses (a FileError naming the file's line) an example whose ending
 // alone does not fit in s positions after one token of context.

@@ -162,8 +162,9 @@ int command_train(const Config& cfg) {
 
 int command_memory(const Config& cfg) {
     const TensorParallelism tp{cfg.parallel.tp, 0, cfg.parallel.sequence_parallel, cfg.overlap()};
-    const MemoryReport report = memory_report(cfg.gpt(), cfg.run_shape(), tp, resolve_device(cfg, false),
-                                              {cfg.parallel.cp, 0});
+    const MemoryReport report = memory_report(
+        cfg.gpt(), cfg.run_shape(), tp, resolve_device(cfg, false),
+        {cfg.parallel.cp, 0, cfg.parallel.cp > 1 && cfg.parallel.cp_comm_type == "p2p"});
     std::fputs(report.text.c_str(), stdout);
     const bool on_gpu = resolve_device(cfg, false) == Device::cuda;
     std::fputs(model_state_table(cfg.gpt(), cfg.parallel.tp, cfg.parallel.bucket_size, on_gpu).c_str(), stdout);
@@ -429,7 +430,7 @@ void read_command_line(int argc, char** argv, bool lead, CommandLine& line) {
     CLI::App* eval = app.add_subcommand("eval", "validation loss (or HellaSwag's score) of checkpoint.init");
     add_config_arguments(eval, line.eval_args);
     eval->add_option("--hellaswag", line.eval_hellaswag,
-                     "score HellaSwag's JSON-lines file instead (the same as data.hellaswag=FILE)");
+                     "score HellaSwag's JSON-lines file instead of the validation loss");
     add_config_arguments(app.add_subcommand("memory", "the saved-activation table and its formula, per rank"),
                          line.memory_args);
     CLI::App* bench = app.add_subcommand("bench", "time forward+backward: ms, tokens/s, MFU");

@@ -82,6 +82,7 @@ void MetricsFile::write(const StepMetrics& m) {
         {"dp_comm_ms", m.dp_comm.total * 1e3},
         {"dp_exposed_comm_ms", m.dp_comm.exposed * 1e3},
         {"cp_all_to_all_bytes", m.cp_bytes.all_to_all},
+        {"cp_ring_bytes", m.cp_bytes.ring},
         {"cp_comm_ms", m.cp_comm.total * 1e3},
         {"cp_exposed_comm_ms", m.cp_comm.exposed * 1e3},
     };

@@ -54,15 +54,13 @@ int evaluate(const Config& cfg, bool hellaswag) {
         check_checkpoint_model(cfg.checkpoint.init, gc);
         const TensorParallelism parallelism{grid.tp, grid.tp_rank, cfg.parallel.sequence_parallel, cfg.overlap()};
         model = std::make_unique<GPT>(gc, rank_shape, parallelism, tp > 1 ? &grid.tp_group : nullptr,
-                                      cp > 1 ? &grid.cp_group : nullptr);
+                                      cp > 1 ? &grid.cp_group : nullptr, cfg.parallel.cp_comm_type == "p2p");
         load_checkpoint(*model, cfg.checkpoint.init);
     });
     if (!ready) return 1;
     // every rank's copy of the inputs the same
     std::string inputs_line = trainer_detail::shard_lines(val_loader.get());
-    if (hellaswag)
-        inputs_line += trainer_detail::input_line(cfg.data.hellaswag,
-                                                  [&] { return hellaswag_file_identity(cfg.data.hellaswag); });
+    if (hellaswag) inputs_line += hellaswag_input_lines(cfg.data.hellaswag, gc.vocab_size, cfg.data.bpe_dir);
     inputs_line += trainer_detail::input_line(cfg.checkpoint.init,
                                               [&] { return llmc_file_identity(cfg.checkpoint.init); });
     if (!trainer_detail::on_every_rank([&] { trainer_detail::check_same_inputs(inputs_line); })) return 1;

@@ -198,8 +198,15 @@ void Trainer<Backend>::open_data() {
         trainer_detail::check_val_batches_fit(cfg_.train.val_batches, *val_loader_);
         val_loader_->check_every_shard();  // small: a bad one is found now, not at the first validation
     }
-    if (cfg_.train.hellaswag_every > 0)
+    if (cfg_.train.hellaswag_every > 0) {
         hellaswag_ = load_hellaswag(cfg_.data.hellaswag, gpt_.vocab_size, cfg_.data.bpe_dir, shape_.seq_len);
+        const int cut = hellaswag_cut_examples(hellaswag_, shape_.seq_len);
+        if (cut > 0 && grid_.world_rank == 0)
+            std::fprintf(stderr,
+                         "tpsp: note: %d of %zu HellaSwag examples lose the start of their context to fit "
+                         "train.seq_len = %d\n",
+                         cut, hellaswag_.size(), shape_.seq_len);
+    }
 }
 
 // The model, its optimizer and communicators, and the weights to start from.
@@ -234,7 +241,8 @@ void Trainer<Backend>::build() {
     const TensorParallelism tp{grid_.tp, grid_.tp_rank, cfg_.parallel.sequence_parallel, cfg_.overlap()};
     RunShape rank_shape = shape_;  // under CP the model holds s/cp positions of each sequence (§9)
     rank_shape.seq_len = shape_.seq_len / grid_.cp;
-    model_ = std::make_unique<GPTModel<Backend>>(gpt_, rank_shape, tp, tp_comm_.get(), cp_comm_.get());
+    model_ = std::make_unique<GPTModel<Backend>>(gpt_, rank_shape, tp, tp_comm_.get(), cp_comm_.get(),
+                                                 cfg_.parallel.cp_comm_type == "p2p");
     const Config::Parallel& parallel = cfg_.parallel;
     data_parallel_ = std::make_unique<DataParallelStep<Backend>>(
         *model_, *dp_comm_, dp_gather_comm_ ? *dp_gather_comm_ : *dp_comm_, *tp_comm_,
@@ -263,8 +271,7 @@ void Trainer<Backend>::check_same_inputs_on_every_rank() const {
     using trainer_detail::input_line;
     std::string lines = trainer_detail::shard_lines(train_loader_.get()) +
                         trainer_detail::shard_lines(val_loader_.get());
-    if (!hellaswag_.empty())
-        lines += input_line(cfg_.data.hellaswag, [&] { return hellaswag_file_identity(cfg_.data.hellaswag); });
+    if (!hellaswag_.empty()) lines += hellaswag_input_lines(cfg_.data.hellaswag, gpt_.vocab_size, cfg_.data.bpe_dir);
     const Config::Checkpoint& ck = cfg_.checkpoint;
     if (!ck.resume.empty()) {
         const int step = latest_step(ck.resume);
@@ -607,8 +614,9 @@ void Trainer<Backend>::log(const StepMetrics& m, bool last) {
                         m.bytes.reduce_scatter / 1e6, m.bytes.all_reduce / 1e6, m.comm.total * 1e3,
                         m.comm.exposed * 1e3);
         if (grid_.cp > 1)
-            std::printf(" | CP A2A %.1f MB | CP comm %.1f ms, exposed %.1f ms", m.cp_bytes.all_to_all / 1e6,
-                        m.cp_comm.total * 1e3, m.cp_comm.exposed * 1e3);
+            std::printf(" | CP %s %.1f MB | CP comm %.1f ms, exposed %.1f ms", model_->cp.ring ? "P2P" : "A2A",
+                        (m.cp_bytes.all_to_all + m.cp_bytes.ring) / 1e6, m.cp_comm.total * 1e3,
+                        m.cp_comm.exposed * 1e3);
         if (grid_.replicas > 1)
             std::printf(" | DP RS %.1f AG %.1f MB | DP comm %.1f ms, exposed %.1f ms", m.dp_bytes.reduce_scatter / 1e6,
                         m.dp_bytes.all_gather / 1e6, m.dp_comm.total * 1e3, m.dp_comm.exposed * 1e3);

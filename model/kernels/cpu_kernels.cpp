@@ -458,6 +458,198 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
 }
 
 // ----------------------------------------------------------------------------
+// ring attention (context parallelism's p2p)
+
+namespace {
+
+// Which part of a (query chunk, key chunk) pair causal attention computes.
+enum class ChunkPair { none, causal, whole };
+ChunkPair chunk_pair(int query_chunk, int key_chunk) {
+    return key_chunk > query_chunk ? ChunkPair::none : key_chunk == query_chunk ? ChunkPair::causal : ChunkPair::whole;
+}
+
+// Where S' of sequence b, query half qh, head h starts: [chunk, S]
+int64_t ring_scores_at(const RingAttention& ra, int b, int qh, int h) {
+    return ((int64_t(b) * 2 + qh) * ra.NH + h) * ra.chunk * ra.S;
+}
+
+// the global index of dropout element (b, h, query gq, key gk)
+int64_t probs_index(const RingAttention& ra, int b, int h, int gq, int gk) {
+    return ((((ra.batch_offset + b) * ra.heads_total + ra.first_head + h) * ra.S) + gq) * ra.S + gk;
+}
+
+}  // namespace
+
+void ring_attention_start(float* out, float* stats, const RingAttention& ra) {
+    std::memset(out, 0, sizeof(float) * int64_t(ra.T) * ra.B * ra.C);
+    const int64_t rows = int64_t(ra.B) * ra.NH * ra.T;
+    std::fill(stats, stats + rows, -INFINITY);
+    std::fill(stats + rows, stats + 2 * rows, 0.0f);
+}
+
+void ring_attention_forward_block(float* out, float* stats, float* softmax_out, const float* qkv, const float* kv,
+                                  const int kv_chunks[2], const RingAttention& ra, int b, float p,
+                                  const DropoutKey& key, float* scratch) {
+    const int B = ra.B, C = ra.C, NH = ra.NH, c = ra.chunk, S = ra.S, hs = C / NH;
+    const float scale = 1.0f / std::sqrt(float(hs)), keep_scale = 1.0f / (1.0f - p);
+    const int64_t rows = int64_t(B) * NH * ra.T;
+#pragma omp parallel for
+    for (int h = 0; h < NH; h++) {
+        float* P = scratch + int64_t(omp_get_thread_num()) * c * c;  // one pair's exp(scores − m_new), dropped out
+        for (int qh = 0; qh < 2; qh++) {
+            const int qc = ra.query_chunks[qh];
+            const float* q = qkv + (int64_t(qh) * c * B + b) * 3 * C + h * hs;  // [c, hs], row stride B·3C
+            float* o = out + (int64_t(qh) * c * B + b) * C + h * hs;            // [c, hs], row stride B·C
+            float* row_max = stats + (int64_t(b) * NH + h) * ra.T + qh * c;
+            float* row_sum = row_max + rows;
+            for (int kh = 0; kh < 2; kh++) {
+                const int kc = kv_chunks[kh];
+                const ChunkPair pair = chunk_pair(qc, kc);
+                if (pair == ChunkPair::none) continue;
+                const float* k = kv + (int64_t(kh) * c * B + b) * 2 * C + h * hs;  // [c, hs], row stride B·2C
+                const float* v = k + C;
+                float* z = softmax_out + ring_scores_at(ra, b, qh, h) + int64_t(kc) * c;  // [c, c], row stride S
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, c, c, hs, scale, q, B * 3 * C, k, B * 2 * C, 0.0f,
+                            z, S);
+                for (int i = 0; i < c; i++) {
+                    const int valid = pair == ChunkPair::causal ? i + 1 : c;  // keys ≤ the query
+                    const float* zi = z + int64_t(i) * S;
+                    float block_max = -INFINITY;
+                    for (int j = 0; j < valid; j++) block_max = std::max(block_max, zi[j]);
+                    const float m_new = std::max(row_max[i], block_max);
+                    const float rescale = std::exp(row_max[i] - m_new);  // 0 for the first block a row meets
+                    float sum = 0.0f;
+                    float* Pi = P + int64_t(i) * c;
+                    for (int j = 0; j < valid; j++) {
+                        const float e = std::exp(zi[j] - m_new);
+                        sum += e;
+                        const int64_t g = probs_index(ra, b, h, qc * c + i, kc * c + j);
+                        Pi[j] = p == 0.0f ? e : dropout_uniform(key, uint64_t(g)) >= p ? e * keep_scale : 0.0f;
+                    }
+                    for (int j = valid; j < c; j++) Pi[j] = 0.0f;
+                    row_sum[i] = row_sum[i] * rescale + sum;
+                    row_max[i] = m_new;
+                    float* oi = o + int64_t(i) * B * C;
+                    for (int d = 0; d < hs; d++) oi[d] *= rescale;
+                }
+                // o += P V
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, c, hs, c, 1.0f, P, c, v, B * 2 * C, 1.0f, o,
+                            B * C);
+            }
+        }
+    }
+}
+
+void ring_attention_finish(float* out, float* softmax_out, uint8_t* dropout_mask, float* dropout_out,
+                           const float* stats, const RingAttention& ra, float p, const DropoutKey& key) {
+    const int B = ra.B, C = ra.C, NH = ra.NH, c = ra.chunk, S = ra.S, hs = C / NH;
+    const int64_t rows = int64_t(B) * NH * ra.T;
+#pragma omp parallel for collapse(2)
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < NH; h++) {
+            for (int qh = 0; qh < 2; qh++) {
+                const int qc = ra.query_chunks[qh];
+                const float* row_max = stats + (int64_t(b) * NH + h) * ra.T + qh * c;
+                const float* row_sum = row_max + rows;
+                float* scores = softmax_out + ring_scores_at(ra, b, qh, h);
+                for (int i = 0; i < c; i++) {
+                    const int last_key = qc * c + i;  // the query's own position
+                    const float lse = row_max[i] + std::log(row_sum[i]);
+                    float* si = scores + int64_t(i) * S;
+                    for (int j = 0; j <= last_key; j++) si[j] = std::exp(si[j] - lse);
+                    for (int j = last_key + 1; j < S; j++) si[j] = 0.0f;
+                    float* oi = out + ((int64_t(qh) * c + i) * B + b) * C + h * hs;
+                    const float inverse = 1.0f / row_sum[i];
+                    for (int d = 0; d < hs; d++) oi[d] *= inverse;
+                }
+            }
+        }
+    }
+    if (p == 0.0f) return;
+    for (int b = 0; b < B; b++)  // S = dropout(S'), one box per (sequence, half): [NH, chunk, S]
+        for (int qh = 0; qh < 2; qh++) {
+            const int64_t at = ring_scores_at(ra, b, qh, 0);
+            const DropoutBox box{NH,
+                                 c,
+                                 S,
+                                 int64_t(S) * S,
+                                 S,
+                                 (ra.batch_offset + b) * ra.heads_total + ra.first_head,
+                                 int64_t(ra.query_chunks[qh]) * c};
+            dropout_forward(dropout_out + at, dropout_mask + at, softmax_out + at, box, p, key);
+        }
+}
+
+void ring_attention_backward_start(float* stats, float* dqkv, const float* dout, const float* out,
+                                   const RingAttention& ra) {
+    const int B = ra.B, C = ra.C, NH = ra.NH, T = ra.T, hs = C / NH;
+#pragma omp parallel for collapse(2)
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < NH; h++) {
+            for (int t = 0; t < T; t++) {
+                const float* d = dout + (int64_t(t) * B + b) * C + h * hs;
+                const float* o = out + (int64_t(t) * B + b) * C + h * hs;
+                float sum = 0.0f;
+                for (int j = 0; j < hs; j++) sum += d[j] * o[j];
+                stats[(int64_t(b) * NH + h) * T + t] = sum;
+                std::memset(dqkv + (int64_t(t) * B + b) * 3 * C + h * hs, 0, sizeof(float) * hs);
+            }
+        }
+    }
+}
+
+void ring_attention_backward_block(float* dqkv, float* dkv, const float* dout, const float* qkv, const float* kv,
+                                   const float* softmax_out, const uint8_t* dropout_mask, const float* dropout_out,
+                                   const float* stats, const int kv_chunks[2], const RingAttention& ra, int b, float p,
+                                   float* scratch) {
+    const int B = ra.B, C = ra.C, NH = ra.NH, c = ra.chunk, S = ra.S, hs = C / NH;
+    const float scale = 1.0f / std::sqrt(float(hs)), keep_scale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
+#pragma omp parallel for
+    for (int h = 0; h < NH; h++) {
+        float* dz = scratch + int64_t(omp_get_thread_num()) * c * c;  // dP, then dZ, of one pair [c, c]
+        for (int qh = 0; qh < 2; qh++) {
+            const int qc = ra.query_chunks[qh];
+            const float* q = qkv + (int64_t(qh) * c * B + b) * 3 * C + h * hs;
+            float* dq = dqkv + (int64_t(qh) * c * B + b) * 3 * C + h * hs;
+            const float* d = dout + (int64_t(qh) * c * B + b) * C + h * hs;
+            const float* dot = stats + (int64_t(b) * NH + h) * ra.T + qh * c;  // Σ dO·O of each row
+            const int64_t scores_at = ring_scores_at(ra, b, qh, h);
+            for (int kh = 0; kh < 2; kh++) {
+                const int kc = kv_chunks[kh];
+                if (chunk_pair(qc, kc) == ChunkPair::none) continue;
+                const float* k = kv + (int64_t(kh) * c * B + b) * 2 * C + h * hs;
+                const float* v = k + C;
+                float* dk = dkv + (int64_t(kh) * c * B + b) * 2 * C + h * hs;
+                float* dv = dk + C;
+                const int64_t at = scores_at + int64_t(kc) * c;  // the pair's [c, c] of S', mask and S, row stride S
+                const float* sp = softmax_out + at;
+                const float* sd = p > 0.0f ? dropout_out + at : sp;
+                // dV += S^T dO, dP = dO V^T
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, c, hs, c, 1.0f, sd, S, d, B * C, 1.0f, dv,
+                            B * 2 * C);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, c, c, hs, 1.0f, d, B * C, v, B * 2 * C, 0.0f, dz,
+                            c);
+                // dS' = dropout backward of dP; dZ = S' ∘ (dS' − Σ dO·O) · scale (S' is 0 above the diagonal)
+                for (int i = 0; i < c; i++) {
+                    float* row = dz + int64_t(i) * c;
+                    const float* sp_row = sp + int64_t(i) * S;
+                    const uint8_t* mask_row = p > 0.0f ? dropout_mask + at + int64_t(i) * S : nullptr;
+                    for (int j = 0; j < c; j++) {
+                        const float ds = mask_row ? (mask_row[j] ? row[j] * keep_scale : 0.0f) : row[j];
+                        row[j] = sp_row[j] * (ds - dot[i]) * scale;
+                    }
+                }
+                // dQ += dZ K, dK += dZ^T Q
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, c, hs, c, 1.0f, dz, c, k, B * 2 * C, 1.0f, dq,
+                            B * 3 * C);
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, c, hs, c, 1.0f, dz, c, q, B * 3 * C, 1.0f, dk,
+                            B * 2 * C);
+            }
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------
 // fused softmax + cross-entropy
 
 void crossentropy_max_forward(float* maxes, const float* logits, int N, int V_real, int Vp_local) {
