@@ -92,6 +92,8 @@ std::vector<TensorSpec> block_activation_table(const GPTConfig& c, const RunShap
     } else if (keeps_attention_scores(c, r)) {
         const std::vector<TensorSpec> scores = attention_scores_table(c, r, tp, a, cp);
         table.insert(table.end(), scores.begin(), scores.end());
+    } else if (cp.ring) {  // selective: each query row's log-sum-exp, as cuDNN's fused kernel keeps (§9)
+        table.push_back(tensor("softmax_stats", {b, heads, s}, &a->softmax_stats));
     }
     table.push_back(tensor("attn_out", {s, b, h_t}, &a->attn_out));
     if (dropout) table.push_back(tensor("proj_dropout_mask", {s_local, b, h}, &a->proj_dropout_mask));
@@ -112,7 +114,7 @@ template <class Act>
 std::vector<TensorSpec> recompute_table(const GPTConfig& c, const RunShape& r, const TensorParallelism& tp, int slot,
                                         BlockActivations<Act>* a, const ContextParallelism& cp) {
     std::vector<TensorSpec> table;
-    if (recomputes_attention_scores(c, r)) table = attention_scores_table(c, r, tp, a, cp);
+    if (recomputes_attention_scores(c, r) && !cp.ring) table = attention_scores_table(c, r, tp, a, cp);
     if (r.recompute == Recompute::full) {
         table = block_activation_table(c, r, tp, a, BlockKeeps::whole_table, cp);
         if (slot == 0) table.erase(table.begin());  // ln1_in
@@ -268,7 +270,9 @@ GPTModel<Backend>::GPTModel(const GPTConfig& c, const RunShape& r, const TensorP
     activation_arena = Arena(activations, memory);
     const Dim scratch = attention_scratch_for(
         config,
-        Backend::attention_scratch(shape.batch, attention_seq(), config.channels, config.num_heads, head_split()));
+        // ring attention's kernels want 4·c² floats a thread (c = s/(2·cp)): (s/cp)², not s²
+        Backend::attention_scratch(shape.batch, cp.ring ? shape.seq_len : attention_seq(), config.channels,
+                                   config.num_heads, head_split()));
     workspace_arena = Arena(workspace_table(config, shape, tp, scratch, &workspace, cp), memory);
     place_recomputed_tensors();
     token_arena = Arena(token_table(shape, &tokens), memory);
@@ -423,8 +427,8 @@ void GPTModel<Backend>::explicit_attention_forward(int l, Act* out, const Dropou
 // sent around the CP ring (parallel/overlap.h); as each block arrives, the
 // rank's queries meet it, one sequence of the micro-batch at a time, the
 // transfers polled in between. S', its mask and S are this rank's rows of
-// the explicit kernels' (the block's own, or the workspace's under selective
-// recomputation, which runs this ring again in backward).
+// the explicit kernels'; under selective recomputation none is kept, only
+// each row's log-sum-exp, from which backward recomputes them block by block.
 template <class Backend>
 void GPTModel<Backend>::ring_attention_forward(int l, Act* out, const DropoutStep& draw, float p) {
     if constexpr (Backend::has_ring_attention) {
@@ -444,10 +448,12 @@ void GPTModel<Backend>::ring_attention_forward(int l, Act* out, const DropoutSte
                                      ring_attention_forward_block(out, w.ring_stats, a.softmax_out, a.qkv, kv, chunks,
                                                                   ra, b, p, key, w.attention_scratch);
                                      poll();
+                                     background_transfers.poll();  // the DP buckets', where in flight
                                  }
                              });
         ComputeSpan span(group_->tracer, "ring attention");
-        ring_attention_finish(out, a.softmax_out, a.attn_dropout_mask, a.attn_dropout_out, w.ring_stats, ra, p, key);
+        ring_attention_finish(out, a.softmax_out, a.attn_dropout_mask, a.attn_dropout_out, a.softmax_stats,
+                              w.ring_stats, ra, p, key);
     } else {
         (void)l, (void)out, (void)draw, (void)p;
     }
@@ -461,6 +467,7 @@ void GPTModel<Backend>::ring_attention_backward(int l, Act* dqkv, const Act* dou
         const int B = shape.batch, T = shape.seq_len, Ct = attention_channels();
         const RingAttention ra = ring_layout(last_draw_.batch_offset);
         const float p = last_dropout_;
+        const DropoutKey key{last_draw_.seed, last_draw_.step, uint32_t(l), DropoutSite::attention_probs};
         const BlockActivations<Act>& a = blocks[l];
         Workspace<Act>& w = workspace;
         const size_t block = size_t(T) * B * 2 * Ct;
@@ -478,9 +485,10 @@ void GPTModel<Backend>::ring_attention_backward(int l, Act* dqkv, const Act* dou
                 Backend::zero(partial, block * sizeof(Act));
                 for (int b = 0; b < B; b++) {
                     ring_attention_backward_block(dqkv, partial, dout, a.qkv, kv, a.softmax_out, a.attn_dropout_mask,
-                                                  a.attn_dropout_out, w.ring_stats, chunks, ra, b, p,
-                                                  w.attention_scratch);
+                                                  a.attn_dropout_out, a.softmax_stats, w.ring_stats, chunks, ra, b, p,
+                                                  key, w.attention_scratch);
                     poll();
+                    background_transfers.poll();  // the DP buckets' (backward starts them)
                 }
             });
         cp_group_->copy_rows(dqkv + Ct, 3 * Ct, home, 2 * Ct, size_t(T) * B, 2 * Ct);  // dK | dV
@@ -525,16 +533,15 @@ void GPTModel<Backend>::self_attention_core_backward(int l, Act* dqkv, const Act
             return;
         }
     }
+    if (cp.ring) {  // under selective recomputation each block's S' comes back from the rows' log-sum-exp
+        ring_attention_backward(l, dqkv, dout);
+        return;
+    }
     if (recomputes_attention_scores(config, shape)) {
         // selective recomputation: S', the mask and S again, from the saved qkv and the
         // same Philox keys, so the same bits; S·V goes to scratch (partial is free here)
         ComputeSpan span(group_->tracer, "attention recompute");
-        if (cp.ring) ring_attention_forward(l, w.partial, last_draw_, p);  // the ring once more (§9)
-        else explicit_attention_forward(l, w.partial, last_draw_, p);
-    }
-    if (cp.ring) {
-        ring_attention_backward(l, dqkv, dout);
-        return;
+        explicit_attention_forward(l, w.partial, last_draw_, p);
     }
     ComputeSpan span(group_->tracer, "attention backward");
     attention_backward(dqkv, dout, a.qkv, a.softmax_out, a.attn_dropout_mask, a.attn_dropout_out, w.attention_scratch,

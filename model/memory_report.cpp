@@ -106,10 +106,14 @@ static MemoryReport report(const GPTConfig& c, const RunShape& r, const TensorPa
     const int64_t e = int64_t(sizeof(Act));
     const bool sp = tp.sequence_parallel || tp.size == 1, dropout = r.dropout > 0.0f;
 
+    // the formulas' model: ring attention under selective recomputation keeps what cuDNN's fused
+    // kernel keeps, each query row's log-sum-exp (4·b·a·s/t bytes), and no s² tensor (§9)
+    GPTConfig f = c;
+    if (cp.ring && r.recompute == Recompute::selective) f.attention = AttentionKernel::cudnn_fused;
     MemoryReport m;
     m.block_bytes = int64_t(table_bytes(block_table));
     m.block_formula_bytes = block_activation_formula_bytes(r.batch, r.seq_len, c.channels, c.num_heads, e, tp.size, sp,
-                                                           c.attention, r.recompute, dropout) /
+                                                           f.attention, r.recompute, dropout) /
                             cp.size;
     m.blocks_bytes = 0;
     for (int l = 0; l < c.num_layers; l++) {
@@ -117,11 +121,11 @@ static MemoryReport report(const GPTConfig& c, const RunShape& r, const TensorPa
         m.blocks_bytes += int64_t(
             table_bytes(block_activation_table(c, rank, tp, &kept, block_keeps(r, c.num_layers, l), cp)));
     }
-    m.blocks_formula_bytes = saved_blocks_formula_bytes(c, r, tp, e) / cp.size;
+    m.blocks_formula_bytes = saved_blocks_formula_bytes(f, r, tp, e) / cp.size;
     m.recompute_bytes = 0;
     for (const TensorSpec& spec : workspace_table_)
         if (spec.name.rfind("recompute[", 0) == 0) m.recompute_bytes += int64_t(spec.bytes());
-    m.recompute_formula_bytes = recompute_workspace_formula_bytes(c, r, tp, e) / cp.size;
+    m.recompute_formula_bytes = recompute_workspace_formula_bytes(f, r, tp, e) / cp.size;
     m.outside_bytes = int64_t(table_bytes(outside_table));
     m.workspace_bytes = int64_t(table_bytes(workspace_table_));
     m.parameter_bytes = int64_t(table_bytes(parameter_table(c, tp.size, &params)));
@@ -141,8 +145,8 @@ static MemoryReport report(const GPTConfig& c, const RunShape& r, const TensorPa
     m.text = line;
     m.text += format_table("saved activations of one transformer block's whole table:", block_table, activation);
     const std::string formula = cp.size > 1
-                                    ? "(" + formula_text(tp.size, sp, e, c.attention, r.recompute, dropout) + ") / cp"
-                                    : formula_text(tp.size, sp, e, c.attention, r.recompute, dropout);
+                                    ? "(" + formula_text(tp.size, sp, e, f.attention, r.recompute, dropout) + ") / cp"
+                                    : formula_text(tp.size, sp, e, f.attention, r.recompute, dropout);
     std::snprintf(line, sizeof line,
                   "\nformula per block: %s = %lld bytes\n"
                   "table per block:   %lld bytes  ->  %s\n",
@@ -177,9 +181,13 @@ static MemoryReport report(const GPTConfig& c, const RunShape& r, const TensorPa
 
 MemoryReport memory_report(const GPTConfig& c, const RunShape& r, const TensorParallelism& tp, Device device,
                            const ContextParallelism& cp) {
-    // the attention core's: every position, a/(t·cp) heads (a/t under ring attention)
-    const int64_t b = r.batch, s = r.seq_len, h = c.channels, a = c.num_heads;
+    // the attention core's: every position, a/(t·cp) heads; under ring attention
+    // a/t heads, and scratch for pairs of chunks, (s/cp)² a thread
+    const int64_t b = r.batch, h = c.channels, a = c.num_heads;
+    const int64_t s = cp.ring ? r.seq_len / cp.size : r.seq_len;
     const int64_t t = int64_t(tp.size) * (cp.ring ? 1 : cp.size);
+    if (device == Device::cuda && cp.ring)
+        throw std::invalid_argument("parallel.cp_comm_type: p2p (ring attention) runs on the CPU backend so far");
     if (device == Device::cuda)
         return report<uint16_t>(c, r, tp, attention_scratch_for(c, cuda_attention_scratch(b, s, h, a, t)), "cuda", cp);
     if (c.attention == AttentionKernel::cudnn_fused)

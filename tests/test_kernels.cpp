@@ -242,15 +242,17 @@ TEST(Kernels, AttentionBackwardWithDropoutMatchesFiniteDifferences) { attention_
 // chunk of queries meets no key of any other block (fully masked there), the
 // causal pairs on the diagonal only partly. Out, S', the mask and S, dQ, and
 // dK|dV summed over every rank's parts, against attention_forward/backward.
-static void ring_attention_check(int cp, float p) {
-    SCOPED_TRACE("cp " + std::to_string(cp) + " dropout " + std::to_string(p));
+// `recompute`: backward rebuilds each pair's S', mask and S from the rows'
+// log-sum-exp, as under selective recomputation.
+static void ring_attention_check(int cp, float p, bool recompute) {
+    SCOPED_TRACE("cp " + std::to_string(cp) + " dropout " + std::to_string(p) + (recompute ? " recomputed" : ""));
     constexpr int S = 12, RB = 2, RC = 8, RNH = 2;
     const int c = S / (2 * cp), T_loc = S / cp;
     const DropoutKey key{3, 1, 0, DropoutSite::attention_probs};
     auto qkv = random_vector(size_t(S) * RB * 3 * RC, 41, 2.0f), dout = random_vector(size_t(S) * RB * RC, 42);
     std::vector<float> out(size_t(S) * RB * RC), sp(size_t(RB) * RNH * S * S), sd(sp.size()), dqkv(qkv.size());
     std::vector<uint8_t> mask(sp.size());
-    std::vector<float> scratch(64 * S * S);
+    std::vector<float> scratch(size_t(omp_get_max_threads()) * S * S);
     attention_forward(out.data(), sp.data(), mask.data(), sd.data(), qkv.data(), nullptr, RB, S, RC, RNH, p,
                       full_box(RB, RNH, S * S), key);
     attention_backward(dqkv.data(), dout.data(), qkv.data(), sp.data(), mask.data(), sd.data(), scratch.data(), RB, S,
@@ -275,20 +277,22 @@ static void ring_attention_check(int cp, float p) {
         std::vector<float> o(size_t(T_loc) * RB * RC), stats(2 * size_t(RB) * RNH * T_loc);
         std::vector<float> scores(size_t(RB) * 2 * RNH * c * S, -1.0f), dropped(scores.size());
         std::vector<uint8_t> m(scores.size());
+        std::vector<float> lse(size_t(RB) * RNH * T_loc);
         ring_attention_start(o.data(), stats.data(), ra);
         for (int step = 0; step < cp; step++) {
             const int source = (r - step + cp) % cp;
             const std::vector<float> kv = rows_of(qkv, source, 2 * RC, RC, 3 * RC);
             const int chunks[2] = {chunk_of(source, 0), chunk_of(source, 1)};
             for (int b = 0; b < RB; b++)
-                ring_attention_forward_block(o.data(), stats.data(), scores.data(), q.data(), kv.data(), chunks, ra, b,
-                                             p, key, scratch.data());
+                ring_attention_forward_block(o.data(), stats.data(), recompute ? nullptr : scores.data(), q.data(),
+                                             kv.data(), chunks, ra, b, p, key, scratch.data());
         }
-        ring_attention_finish(o.data(), scores.data(), m.data(), dropped.data(), stats.data(), ra, p, key);
+        ring_attention_finish(o.data(), recompute ? nullptr : scores.data(), m.data(), dropped.data(), lse.data(),
+                              stats.data(), ra, p, key);
         const std::vector<float> expected_out = rows_of(out, r, RC, 0, RC);
         for (size_t i = 0; i < o.size(); i++)
             worst_out = std::max(worst_out, double(std::fabs(o[i] - expected_out[i])));
-        for (int b = 0; b < RB; b++)
+        for (int b = 0; b < RB && !recompute; b++)  // (selective recomputation keeps no S')
             for (int half = 0; half < 2; half++)
                 for (int h = 0; h < RNH; h++)
                     for (int i = 0; i < c; i++) {
@@ -307,8 +311,9 @@ static void ring_attention_check(int cp, float p) {
             const int chunks[2] = {chunk_of(source, 0), chunk_of(source, 1)};
             std::fill(partial.begin(), partial.end(), 0.0f);
             for (int b = 0; b < RB; b++)
-                ring_attention_backward_block(dq.data(), partial.data(), d.data(), q.data(), kv.data(), scores.data(),
-                                              m.data(), dropped.data(), stats.data(), chunks, ra, b, p, scratch.data());
+                ring_attention_backward_block(dq.data(), partial.data(), d.data(), q.data(), kv.data(),
+                                              recompute ? nullptr : scores.data(), m.data(), dropped.data(), lse.data(),
+                                              stats.data(), chunks, ra, b, p, key, scratch.data());
             for (int i = 0; i < T_loc; i++)
                 for (int b = 0; b < RB; b++)
                     for (int j = 0; j < 2 * RC; j++)
@@ -335,7 +340,8 @@ static void ring_attention_check(int cp, float p) {
 
 TEST(Kernels, RingAttentionsOnlineSoftmaxEqualsTheUnsplitAttention) {
     for (int cp : {1, 2, 3})
-        for (float p : {0.0f, 0.2f}) ring_attention_check(cp, p);
+        for (float p : {0.0f, 0.2f})
+            for (bool recompute : {false, true}) ring_attention_check(cp, p, recompute);
 }
 
 TEST(Kernels, ResidualForwardAdds) {

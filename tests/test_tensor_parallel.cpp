@@ -670,6 +670,8 @@ void compare_context_parallel_with_one_rank(int cp, int t, bool sequence_paralle
                 continue;
             }
             // ring attention's rows [b, 2, a/t, chunk, S]: this rank's two chunks of queries
+            // (none kept under selective recomputation, which keeps each row's log-sum-exp)
+            if (!split.blocks[l].attn_dropout_mask) continue;
             for (int half = 0; half < 2; half++)
                 for (int h = 0; h < heads; h++)
                     for (int i = 0; i < chunk; i++) {
@@ -704,6 +706,12 @@ void compare_context_parallel_with_one_rank(int cp, int t, bool sequence_paralle
     if (shape.recompute == Recompute::none) {
         EXPECT_EQ(int64_t(split.activation_arena.bytes()),
                   config.num_layers * (formula / cp) + int64_t(table_bytes(outside)));
+    }
+    if (ring && shape.recompute == Recompute::selective) {  // each row's log-sum-exp, as cuDNN's kernel keeps
+        const int64_t rows_formula = block_activation_formula_bytes(B, S, C, config.num_heads, 4, t, sequence_parallel,
+                                                                    AttentionKernel::cudnn_fused, Recompute::selective);
+        EXPECT_EQ(int64_t(split.activation_arena.bytes()),
+                  config.num_layers * (rows_formula / cp) + int64_t(table_bytes(outside)));
     }
     MPI_Comm_free(&tp_comm);
     MPI_Comm_free(&cp_comm);

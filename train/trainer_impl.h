@@ -407,8 +407,8 @@ void Trainer<Backend>::print_header() const {
         "ranks %d = dp %d × %stp %d%s%s | %s, %d threads per rank | %s %.1f GFLOP/s\n",
         g.num_layers, g.num_heads, g.channels, g.vocab_size, g.padded_vocab_size, full_parameter_count(g) / 1e6,
         shape_.batch, shape_.seq_len, cfg_.train.grad_accum, grid_.world_size, grid_.dp,
-        grid_.cp > 1 ? ("cp " + std::to_string(grid_.cp) + " (a2a) × ").c_str() : "", grid_.tp,
-        grid_.tp > 1 ? (cfg_.parallel.sequence_parallel ? " (TP+SP)" : " (TP only)") : "",
+        grid_.cp > 1 ? ("cp " + std::to_string(grid_.cp) + " (" + cfg_.parallel.cp_comm_type + ") × ").c_str() : "",
+        grid_.tp, grid_.tp > 1 ? (cfg_.parallel.sequence_parallel ? " (TP+SP)" : " (TP only)") : "",
         optimizer_->sharded() ? " (distributed optimizer)"
         : grid_.dp > 1        ? " (plain DP)"
                               : "",

@@ -495,7 +495,8 @@ void ring_attention_forward_block(float* out, float* stats, float* softmax_out, 
     const int64_t rows = int64_t(B) * NH * ra.T;
 #pragma omp parallel for
     for (int h = 0; h < NH; h++) {
-        float* P = scratch + int64_t(omp_get_thread_num()) * c * c;  // one pair's exp(scores − m_new), dropped out
+        float* P = scratch + int64_t(omp_get_thread_num()) * 2 * c * c;  // one pair's exp(scores − m_new), dropped out
+        float* z_scratch = P + int64_t(c) * c;                           // the pair's scores, where S' is not kept
         for (int qh = 0; qh < 2; qh++) {
             const int qc = ra.query_chunks[qh];
             const float* q = qkv + (int64_t(qh) * c * B + b) * 3 * C + h * hs;  // [c, hs], row stride B·3C
@@ -508,12 +509,14 @@ void ring_attention_forward_block(float* out, float* stats, float* softmax_out, 
                 if (pair == ChunkPair::none) continue;
                 const float* k = kv + (int64_t(kh) * c * B + b) * 2 * C + h * hs;  // [c, hs], row stride B·2C
                 const float* v = k + C;
-                float* z = softmax_out + ring_scores_at(ra, b, qh, h) + int64_t(kc) * c;  // [c, c], row stride S
+                // [c, c]: in S' (row stride S), or in scratch under selective recomputation
+                const int z_stride = softmax_out ? S : c;
+                float* z = softmax_out ? softmax_out + ring_scores_at(ra, b, qh, h) + int64_t(kc) * c : z_scratch;
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, c, c, hs, scale, q, B * 3 * C, k, B * 2 * C, 0.0f,
-                            z, S);
+                            z, z_stride);
                 for (int i = 0; i < c; i++) {
                     const int valid = pair == ChunkPair::causal ? i + 1 : c;  // keys ≤ the query
-                    const float* zi = z + int64_t(i) * S;
+                    const float* zi = z + int64_t(i) * z_stride;
                     float block_max = -INFINITY;
                     for (int j = 0; j < valid; j++) block_max = std::max(block_max, zi[j]);
                     const float m_new = std::max(row_max[i], block_max);
@@ -540,7 +543,7 @@ void ring_attention_forward_block(float* out, float* stats, float* softmax_out, 
     }
 }
 
-void ring_attention_finish(float* out, float* softmax_out, uint8_t* dropout_mask, float* dropout_out,
+void ring_attention_finish(float* out, float* softmax_out, uint8_t* dropout_mask, float* dropout_out, float* lse_out,
                            const float* stats, const RingAttention& ra, float p, const DropoutKey& key) {
     const int B = ra.B, C = ra.C, NH = ra.NH, c = ra.chunk, S = ra.S, hs = C / NH;
     const int64_t rows = int64_t(B) * NH * ra.T;
@@ -551,13 +554,15 @@ void ring_attention_finish(float* out, float* softmax_out, uint8_t* dropout_mask
                 const int qc = ra.query_chunks[qh];
                 const float* row_max = stats + (int64_t(b) * NH + h) * ra.T + qh * c;
                 const float* row_sum = row_max + rows;
-                float* scores = softmax_out + ring_scores_at(ra, b, qh, h);
                 for (int i = 0; i < c; i++) {
                     const int last_key = qc * c + i;  // the query's own position
                     const float lse = row_max[i] + std::log(row_sum[i]);
-                    float* si = scores + int64_t(i) * S;
-                    for (int j = 0; j <= last_key; j++) si[j] = std::exp(si[j] - lse);
-                    for (int j = last_key + 1; j < S; j++) si[j] = 0.0f;
+                    if (lse_out) lse_out[(int64_t(b) * NH + h) * ra.T + qh * c + i] = lse;
+                    if (softmax_out) {
+                        float* si = softmax_out + ring_scores_at(ra, b, qh, h) + int64_t(i) * S;
+                        for (int j = 0; j <= last_key; j++) si[j] = std::exp(si[j] - lse);
+                        for (int j = last_key + 1; j < S; j++) si[j] = 0.0f;
+                    }
                     float* oi = out + ((int64_t(qh) * c + i) * B + b) * C + h * hs;
                     const float inverse = 1.0f / row_sum[i];
                     for (int d = 0; d < hs; d++) oi[d] *= inverse;
@@ -565,7 +570,7 @@ void ring_attention_finish(float* out, float* softmax_out, uint8_t* dropout_mask
             }
         }
     }
-    if (p == 0.0f) return;
+    if (p == 0.0f || !softmax_out) return;
     for (int b = 0; b < B; b++)  // S = dropout(S'), one box per (sequence, half): [NH, chunk, S]
         for (int qh = 0; qh < 2; qh++) {
             const int64_t at = ring_scores_at(ra, b, qh, 0);
@@ -600,13 +605,18 @@ void ring_attention_backward_start(float* stats, float* dqkv, const float* dout,
 
 void ring_attention_backward_block(float* dqkv, float* dkv, const float* dout, const float* qkv, const float* kv,
                                    const float* softmax_out, const uint8_t* dropout_mask, const float* dropout_out,
-                                   const float* stats, const int kv_chunks[2], const RingAttention& ra, int b, float p,
-                                   float* scratch) {
+                                   const float* lse, const float* stats, const int kv_chunks[2],
+                                   const RingAttention& ra, int b, float p, const DropoutKey& key, float* scratch) {
     const int B = ra.B, C = ra.C, NH = ra.NH, c = ra.chunk, S = ra.S, hs = C / NH;
     const float scale = 1.0f / std::sqrt(float(hs)), keep_scale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
 #pragma omp parallel for
     for (int h = 0; h < NH; h++) {
-        float* dz = scratch + int64_t(omp_get_thread_num()) * c * c;  // dP, then dZ, of one pair [c, c]
+        // per thread 4·c² floats (≤ s², as c ≤ s/4): dP then dZ of one pair [c, c]; where S' is not
+        // kept (selective recomputation) S', S and the mask's bytes recomputed
+        float* dz = scratch + int64_t(omp_get_thread_num()) * 4 * c * c;
+        float* sp_scratch = dz + int64_t(c) * c;
+        float* sd_scratch = sp_scratch + int64_t(c) * c;
+        uint8_t* mask_scratch = reinterpret_cast<uint8_t*>(sd_scratch + int64_t(c) * c);
         for (int qh = 0; qh < 2; qh++) {
             const int qc = ra.query_chunks[qh];
             const float* q = qkv + (int64_t(qh) * c * B + b) * 3 * C + h * hs;
@@ -621,19 +631,40 @@ void ring_attention_backward_block(float* dqkv, float* dkv, const float* dout, c
                 const float* v = k + C;
                 float* dk = dkv + (int64_t(kh) * c * B + b) * 2 * C + h * hs;
                 float* dv = dk + C;
-                const int64_t at = scores_at + int64_t(kc) * c;  // the pair's [c, c] of S', mask and S, row stride S
-                const float* sp = softmax_out + at;
-                const float* sd = p > 0.0f ? dropout_out + at : sp;
+                // the pair's [c, c] of S', its mask and S: kept (row stride S), or recomputed from the
+                // scores and each row's log-sum-exp (selective recomputation; row stride c)
+                const int64_t at = scores_at + int64_t(kc) * c;
+                const int stride = softmax_out ? S : c;
+                const float* sp = softmax_out ? softmax_out + at : sp_scratch;
+                const float* sd = p == 0.0f ? sp : softmax_out ? dropout_out + at : sd_scratch;
+                const uint8_t* mask = p == 0.0f ? nullptr : softmax_out ? dropout_mask + at : mask_scratch;
+                if (!softmax_out) {
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, c, c, hs, scale, q, B * 3 * C, k, B * 2 * C,
+                                0.0f, sp_scratch, c);
+                    const float* row_lse = lse + (int64_t(b) * NH + h) * ra.T + qh * c;
+                    for (int i = 0; i < c; i++) {
+                        const int valid = chunk_pair(qc, kc) == ChunkPair::causal ? i + 1 : c;
+                        float* si = sp_scratch + int64_t(i) * c;
+                        for (int j = 0; j < c; j++) {
+                            si[j] = j < valid ? std::exp(si[j] - row_lse[i]) : 0.0f;
+                            if (p == 0.0f) continue;
+                            const int64_t g = probs_index(ra, b, h, qc * c + i, kc * c + j);
+                            const bool keep = dropout_uniform(key, uint64_t(g)) >= p;
+                            mask_scratch[int64_t(i) * c + j] = keep;
+                            sd_scratch[int64_t(i) * c + j] = keep ? si[j] * keep_scale : 0.0f;
+                        }
+                    }
+                }
                 // dV += S^T dO, dP = dO V^T
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, c, hs, c, 1.0f, sd, S, d, B * C, 1.0f, dv,
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, c, hs, c, 1.0f, sd, stride, d, B * C, 1.0f, dv,
                             B * 2 * C);
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, c, c, hs, 1.0f, d, B * C, v, B * 2 * C, 0.0f, dz,
                             c);
                 // dS' = dropout backward of dP; dZ = S' ∘ (dS' − Σ dO·O) · scale (S' is 0 above the diagonal)
                 for (int i = 0; i < c; i++) {
                     float* row = dz + int64_t(i) * c;
-                    const float* sp_row = sp + int64_t(i) * S;
-                    const uint8_t* mask_row = p > 0.0f ? dropout_mask + at + int64_t(i) * S : nullptr;
+                    const float* sp_row = sp + int64_t(i) * stride;
+                    const uint8_t* mask_row = mask ? mask + int64_t(i) * stride : nullptr;
                     for (int j = 0; j < c; j++) {
                         const float ds = mask_row ? (mask_row[j] ? row[j] * keep_scale : 0.0f) : row[j];
                         row[j] = sp_row[j] * (ds - dot[i]) * scale;

@@ -129,15 +129,19 @@ struct RingAttention {
 // out [T, B, C] = 0, the running max −∞ and sum 0.
 void ring_attention_start(float* out, float* stats, const RingAttention& ra);
 // Sequence b's rows against one K|V block: S' gets the scaled scores Q K^T
-// of the computed pairs; out and stats take the block in by the online
-// softmax (out rescaled by exp(m_old − m_new), then += dropout(exp(scores −
-// m_new)) · V). Rows with no key in the block are left as they were.
+// of the computed pairs (a null S': selective recomputation, which keeps
+// none); out and stats take the block in by the online softmax (out
+// rescaled by exp(m_old − m_new), then += dropout(exp(scores − m_new)) · V).
+// Rows with no key in the block are left as they were. scratch: 2·c² floats
+// per OpenMP thread.
 void ring_attention_forward_block(float* out, float* stats, float* softmax_out, const float* qkv, const float* kv,
                                   const int kv_chunks[2], const RingAttention& ra, int b, float p,
                                   const DropoutKey& key, float* scratch);
-// After every block: S' = exp(scores − log-sum-exp), 0 above the diagonal;
-// out /= the row's sum; the mask and S = dropout(S') drawn as the box says.
-void ring_attention_finish(float* out, float* softmax_out, uint8_t* dropout_mask, float* dropout_out,
+// After every block: out /= the row's sum; where S' is kept, S' =
+// exp(scores − log-sum-exp), 0 above the diagonal, and the mask and S =
+// dropout(S') drawn as the box says; where lse_out [B, NH, T] is given,
+// each row's log-sum-exp (what selective recomputation keeps).
+void ring_attention_finish(float* out, float* softmax_out, uint8_t* dropout_mask, float* dropout_out, float* lse_out,
                            const float* stats, const RingAttention& ra, float p, const DropoutKey& key);
 // Backward's start: stats [B, NH, T] = Σ_j dO·O per row (the softmax
 // backward's Σ_k S'∘dS' over every key, which no block alone has), and the
@@ -145,11 +149,14 @@ void ring_attention_finish(float* out, float* softmax_out, uint8_t* dropout_mask
 void ring_attention_backward_start(float* stats, float* dqkv, const float* dout, const float* out,
                                    const RingAttention& ra);
 // Sequence b's rows against one K|V block: dQ (in dqkv's Q columns) and the
-// block's dK|dV partial dkv [T, B, 2C] (as kv) accumulate.
+// block's dK|dV partial dkv [T, B, 2C] (as kv) accumulate. With a null S'
+// each pair's S', mask and S are recomputed from Q K^T and the rows'
+// log-sum-exp `lse` [B, NH, T], with the forward's dropout key. scratch:
+// 4·c² floats per OpenMP thread.
 void ring_attention_backward_block(float* dqkv, float* dkv, const float* dout, const float* qkv, const float* kv,
                                    const float* softmax_out, const uint8_t* dropout_mask, const float* dropout_out,
-                                   const float* stats, const int kv_chunks[2], const RingAttention& ra, int b, float p,
-                                   float* scratch);
+                                   const float* lse, const float* stats, const int kv_chunks[2],
+                                   const RingAttention& ra, int b, float p, const DropoutKey& key, float* scratch);
 
 // Softmax + cross-entropy, vocabulary-parallel. This rank holds the logit
 // columns [vocab_start, vocab_start + Vp_local) of each row, of which the
