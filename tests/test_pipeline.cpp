@@ -1,0 +1,84 @@
+// Pipeline parallelism's schedules (parallel/pipeline_schedule.h) against
+// Megatron's definitions, written out by hand for small cases, and against a
+// simulation of every stage running together: no schedule waits forever, and
+// the bubble it leaves is the theory's.
+#include <gtest/gtest.h>
+
+#include "parallel/pipeline_schedule.h"
+
+namespace tpsp {
+namespace {
+
+PipelineAction F(int chunk, int micro) { return {PipelineAction::forward, chunk, micro}; }
+PipelineAction B(int chunk, int micro) { return {PipelineAction::backward, chunk, micro}; }
+
+TEST(PipelineSchedule, OneForwardOneBackwardIsWarmUpSteadyStateAndCoolDown) {
+    const PipelineShape s{2, 1, 4, 4};  // p = 2, m = 4
+    // stage 0: one warm-up forward, then F B pairs, then the last backward
+    EXPECT_EQ(pipeline_schedule(s, 0),
+              (std::vector<PipelineAction>{F(0, 0), F(0, 1), B(0, 0), F(0, 2), B(0, 1), F(0, 3), B(0, 2), B(0, 3)}));
+    // the last stage: no warm-up
+    EXPECT_EQ(pipeline_schedule(s, 1),
+              (std::vector<PipelineAction>{F(0, 0), B(0, 0), F(0, 1), B(0, 1), F(0, 2), B(0, 2), F(0, 3), B(0, 3)}));
+    // one stage: the plain gradient accumulation loop
+    EXPECT_EQ(pipeline_schedule({1, 1, 2, 4}, 0), (std::vector<PipelineAction>{F(0, 0), B(0, 0), F(0, 1), B(0, 1)}));
+}
+
+TEST(PipelineSchedule, StageIKeepsTheLesserOfPMinusIAndMMicroBatchesInFlight) {
+    for (int p : {1, 2, 3, 4})
+        for (int m : {1, 2, 3, 4, 8})
+            for (int i = 0; i < p; i++)
+                EXPECT_EQ(pipeline_in_flight({p, 1, m, 12}, i), std::vector<int>{std::min(p - i, m)})
+                    << "p " << p << " m " << m << " stage " << i;
+}
+
+TEST(PipelineSchedule, InterleavingTakesGroupsOfPMicroBatchesChunkByChunk) {
+    const PipelineShape s{2, 2, 4, 8};  // p = 2, vpp = 2, m = 4
+    // stage 0's warm-up: (p − 1)·2 + (vpp − 1)·p = 4 pairs; backwards from the last chunk
+    EXPECT_EQ(pipeline_schedule(s, 0), (std::vector<PipelineAction>{
+                                           F(0, 0), F(0, 1), F(1, 0), F(1, 1),  // warm-up
+                                           F(0, 2), B(1, 0), F(0, 3), B(1, 1),  // steady
+                                           F(1, 2), B(0, 0), F(1, 3), B(0, 1),  //
+                                           B(1, 2), B(1, 3), B(0, 2), B(0, 3),  // cool-down
+                                       }));
+    // m = p: every forward first (Megatron's all-warm-up case)
+    const std::vector<PipelineAction> all = pipeline_schedule({2, 2, 2, 8}, 1);
+    EXPECT_EQ(all,
+              (std::vector<PipelineAction>{F(0, 0), F(0, 1), F(1, 0), F(1, 1), B(1, 0), B(1, 1), B(0, 0), B(0, 1)}));
+    // every pair once each way, on every stage
+    for (int i = 0; i < 2; i++) {
+        const std::vector<PipelineAction> actions = pipeline_schedule(s, i);
+        for (int c = 0; c < 2; c++)
+            for (int j = 0; j < 4; j++) {
+                EXPECT_EQ(std::count(actions.begin(), actions.end(), F(c, j)), 1);
+                EXPECT_EQ(std::count(actions.begin(), actions.end(), B(c, j)), 1);
+            }
+    }
+}
+
+TEST(PipelineSchedule, EveryScheduleRunsToTheEndAndLeavesTheBubbleOfTheTheory) {
+    // forward 1, backward 2: the ideal step is m·vpp·3 units of each stage's share
+    for (int p : {2, 3, 4})
+        for (int vpp : {1, 2, 3})
+            for (int m : {p, 2 * p, 4 * p}) {
+                const PipelineShape s{p, vpp, m, p * vpp * 2};
+                ASSERT_EQ(pipeline_shape_error(s), "");
+                const double step = simulate_pipeline(s, 1.0 / vpp, 2.0 / vpp);  // a chunk is 1/vpp of a stage
+                ASSERT_GT(step, 0.0) << "p " << p << " vpp " << vpp << " m " << m << " waits forever";
+                const double ideal = m * 3.0;
+                EXPECT_NEAR((step - ideal) / ideal, pipeline_bubble_theory(s), 1e-9)
+                    << "p " << p << " vpp " << vpp << " m " << m;
+            }
+}
+
+TEST(PipelineSchedule, ALayoutThatDoesNotSplitIsOneLine) {
+    EXPECT_EQ(pipeline_shape_error({2, 1, 4, 3}),
+              "model.layers: 3 blocks do not split into pp · vpp = 2 equal model chunks");
+    EXPECT_NE(pipeline_shape_error({2, 2, 3, 8}).find("a multiple of parallel.pp = 2"), std::string::npos);
+    EXPECT_NE(pipeline_shape_error({1, 2, 4, 8}).find("needs parallel.pp > 1"), std::string::npos);
+    EXPECT_NE(pipeline_shape_error({0, 1, 4, 8}).find("parallel.pp: 0"), std::string::npos);
+    EXPECT_EQ(pipeline_shape_error({4, 1, 1, 8}), "");  // 1F1B takes any m, fewer than p too
+}
+
+}  // namespace
+}  // namespace tpsp
