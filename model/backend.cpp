@@ -19,6 +19,11 @@ Dim cuda_attention_scratch(int64_t b, int64_t s, int64_t h, int64_t a, int64_t t
     return {cuda_attention_scratch_elements(b, s, h / t, a / t), symbol};
 }
 
+void CpuBackend::add(float* acc, const float* x, int64_t n) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++) acc[i] += x[i];
+}
+
 void CpuBackend::zero(void* data, size_t bytes) {
     constexpr size_t piece = size_t(1) << 20;
     char* bytes_at = static_cast<char*>(data);

@@ -54,6 +54,7 @@ concept ModelBackend = requires(void* dst, const void* src, size_t bytes, float*
     B::upload(dst, src, bytes);
     B::download(dst, src, bytes);
     B::zero(dst, bytes);
+    B::add(f, cf, n);
     B::square_sums(cf, ranges, sums);
     { B::attention_scratch(n, n, n, n, n) } -> std::same_as<Dim>;
     B::finish_losses(f, f, cf, cf, rows);
@@ -88,6 +89,7 @@ struct CpuBackend {
     // in 1 MiB pieces across the OpenMP threads: the gradients of GPT-2 124M
     // (500 MB) zero in about 12 ms on 2 threads, 20 ms on one
     static void zero(void* data, size_t bytes);
+    static void add(float* acc, const float* x, int64_t n);  // acc += x
     // sums[r.sum] = Σ x² over every range r, in double
     static void square_sums(const float* x, const std::vector<SquareSumRange>& ranges, double sums[2]);
 

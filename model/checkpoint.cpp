@@ -71,10 +71,11 @@ int64_t full_parameter_count(const GPTConfig& config) {
 }
 
 void load_checkpoint(GPT& model, const std::string& path) {
-    read_checkpoint_shard(model.config, model.tp.size, model.tp.rank, path, model.params.wte);
+    read_checkpoint_shard(model.config, model.tp.size, model.tp.rank, path, model.params.wte, &model.part);
 }
 
-void read_checkpoint_shard(const GPTConfig& config, int t, int rank, const std::string& path, float* shard) {
+void read_checkpoint_shard(const GPTConfig& config, int t, int rank, const std::string& path, float* shard,
+                           const ModelPart* part) {
     const GPTConfig c = read_checkpoint_config(path);  // its header bounded, the file's size checked against it
     uint32_t header[256];
     std::vector<float> full(static_cast<size_t>(full_parameter_count(c)));
@@ -86,7 +87,8 @@ void read_checkpoint_shard(const GPTConfig& config, int t, int rank, const std::
     verify_llmc_file(path, header, full.data(), full.size() * 4);  // before anything of it is believed
     check_same_model(path, c, config);
     check_finite_parameters(config, full.data(), path, "the weights");
-    copy_parameter_shards(config, t, rank, full.data(), shard, ShardDirection::full_to_shard);
+    copy_parameter_shards(config, t, rank, part ? *part : whole_model(config), full.data(), shard,
+                          ShardDirection::full_to_shard);
 }
 
 void check_finite_parameters(const GPTConfig& config, const float* full, const std::string& path,

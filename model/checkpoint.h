@@ -23,7 +23,9 @@ int64_t full_parameter_count(const GPTConfig& config);
 // In this order: the header bounded and the file's size checked against it,
 // the whole file read and its CRC-32C checked where it records one, the
 // file's model compared with config, the weights checked finite.
-void read_checkpoint_shard(const GPTConfig& config, int t, int rank, const std::string& path, float* shard);
+// part: what a pipeline stage holds of the model (null: all of it)
+void read_checkpoint_shard(const GPTConfig& config, int t, int rank, const std::string& path, float* shard,
+                           const ModelPart* part = nullptr);
 // Loads this rank's shard of the parameters into a CPU model.
 void load_checkpoint(GPT& model, const std::string& path);
 // Throws a FileError "PATH: tensor NAME of WHAT holds nan at element I" for the

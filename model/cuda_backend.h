@@ -46,6 +46,7 @@ struct CudaBackend {
     static void upload(void* dst, const void* host, size_t bytes);
     static void download(void* host, const void* src, size_t bytes);  // waits for the stream
     static void zero(void* data, size_t bytes);
+    static void add(float* acc, const float* x, int64_t n);  // acc += x
     // one kernel over all ranges, and one wait for the two sums
     static void square_sums(const float* x, const std::vector<SquareSumRange>& ranges, double sums[2]);
     static void cast(bf16* out, const float* inp, int64_t n) { cast_to_bf16(out, inp, n); }

@@ -14,11 +14,25 @@ namespace tpsp {
 // ----------------------------------------------------------------------------
 // tables
 
+ModelPart whole_model(const GPTConfig& c) {
+    ModelPart part;
+    for (int l = 0; l < c.num_layers; l++) part.layers.push_back(l);
+    part.chunks = {{0, c.num_layers}};
+    part.in_flight = {1};
+    return part;
+}
+
 std::vector<TensorSpec> parameter_table(const GPTConfig& c, int t, ParameterTensors* p,
                                         std::vector<BlockParameters>* blocks) {
-    Dim maxT{c.max_seq_len, "maxT"}, L{c.num_layers, "L"}, h{c.channels, "h"};
-    Dim Vp = split_dim(c.padded_vocab_size, "Vp", t), h_t = split_dim(c.channels, "h", t);
+    return parameter_table(c, t, whole_model(c), p, blocks);
+}
+
+std::vector<TensorSpec> parameter_table(const GPTConfig& c, int t, const ModelPart& part, ParameterTensors* p,
+                                        std::vector<BlockParameters>* blocks) {
+    Dim maxT{part.embeddings ? c.max_seq_len : 0, "maxT"}, L{part.num_layers(), "L"}, h{c.channels, "h"};
+    Dim Vp = split_dim(part.holds_wte() ? c.padded_vocab_size : 0, "Vp", t), h_t = split_dim(c.channels, "h", t);
     Dim h3_t = split_dim(3 * c.channels, "3h", t), h4_t = split_dim(4 * c.channels, "4h", t);
+    Dim h_head{part.head ? c.channels : 0, "h"};
     using B = BlockParameters;
     return {
         tensor("wte", {Vp, h}, &p->wte),
@@ -35,9 +49,23 @@ std::vector<TensorSpec> parameter_table(const GPTConfig& c, int t, ParameterTens
         layered_tensor("fcb", L, {h4_t}, &p->fcb, blocks, &B::fcb),
         layered_tensor("fcprojw", L, {h, h4_t}, &p->fcprojw, blocks, &B::fcprojw),
         layered_tensor("fcprojb", L, {h}, &p->fcprojb, blocks, &B::fcprojb),
-        tensor("lnfw", {h}, &p->lnfw),
-        tensor("lnfb", {h}, &p->lnfb),
+        tensor("lnfw", {h_head}, &p->lnfw),
+        tensor("lnfb", {h_head}, &p->lnfb),
     };
+}
+
+ModelPart pipeline_part(const PipelineShape& pipeline, int stage) {
+    ModelPart part;
+    const int n = pipeline.layers_per_chunk();
+    for (int c = 0; c < pipeline.chunks; c++) {
+        const int begin = part.num_layers();
+        for (int l = 0; l < n; l++) part.layers.push_back(pipeline.first_layer(stage, c) + l);
+        part.chunks.push_back({begin, begin + n});
+    }
+    part.embeddings = pipeline.first_in_model(stage, 0);
+    part.head = pipeline.last_in_model(stage, pipeline.chunks - 1);
+    part.in_flight = pipeline_in_flight(pipeline, stage);
+    return part;
 }
 
 bool parameter_is_matrix(const std::string& name) {
@@ -50,9 +78,17 @@ bool parameter_is_replicated(const std::string& name) {
 }
 
 void copy_parameter_shards(const GPTConfig& c, int t, int r, float* full, float* shard, ShardDirection direction) {
+    copy_parameter_shards(c, t, r, whole_model(c), full, shard, direction);
+}
+
+// Walks the full table (t = 1, every block) beside the part's shard table:
+// for each tensor, each block the part holds (global l, local j) and the rows
+// or columns rank r holds of it.
+void copy_parameter_shards(const GPTConfig& c, int t, int r, const ModelPart& part, float* full, float* shard,
+                           ShardDirection direction) {
     ParameterTensors unused{};
     std::vector<TensorSpec> full_table = parameter_table(c, 1, &unused);
-    std::vector<TensorSpec> shard_table = parameter_table(c, t, &unused);
+    std::vector<TensorSpec> shard_table = parameter_table(c, t, part, &unused);
     const int64_t C = c.channels, L = c.num_layers;
     auto copy = [&](int64_t full_at, int64_t shard_at, int64_t count) {
         if (direction == ShardDirection::full_to_shard) std::memcpy(shard + shard_at, full + full_at, count * 4);
@@ -61,24 +97,28 @@ void copy_parameter_shards(const GPTConfig& c, int t, int r, float* full, float*
     int64_t f = 0, s = 0;  // where the current tensor starts in full and shard
     for (size_t i = 0; i < full_table.size(); i++) {
         const std::string& name = full_table[i].name;
-        if (parameter_is_replicated(name)) {
-            copy(f, s, full_table[i].elements());
-        } else if (name == "wte") {  // rows: a block of the vocabulary
-            int64_t rows = c.padded_vocab_size / t;
-            copy(f + r * rows * C, s, rows * C);
-        } else if (name == "qkvw" || name == "qkvb") {  // rows: this rank's heads of each of Q, K, V
-            int64_t width = name == "qkvw" ? C : 1, rows = C / t;
-            for (int64_t l = 0; l < L; l++)
+        const bool layered = full_table[i].shape[0].symbol == "L";
+        const int64_t full_layer = layered ? full_table[i].elements() / L : 0;  // one block's slice, full and shard
+        const int64_t shard_layer = layered ? full_layer / (parameter_is_replicated(name) ? 1 : t) : 0;
+        for (int j = 0; j < (layered ? part.num_layers() : 1); j++) {
+            const int64_t fl = f + (layered ? part.layers[size_t(j)] * full_layer : 0), sl = s + j * shard_layer;
+            if (layered && parameter_is_replicated(name)) {
+                copy(fl, sl, full_layer);
+            } else if (!layered) {
+                if (shard_table[i].elements() == 0) continue;  // a tensor this part does not hold
+                if (name == "wte") copy(f + r * (c.padded_vocab_size / t) * C, s, c.padded_vocab_size / t * C);
+                else copy(f, s, full_table[i].elements());  // wpe, lnfw, lnfb: replicated
+            } else if (name == "qkvw" || name == "qkvb") {  // rows: this rank's heads of each of Q, K, V
+                const int64_t width = name == "qkvw" ? C : 1, rows = C / t;
                 for (int64_t third = 0; third < 3; third++)
-                    copy(f + (l * 3 * C + third * C + r * rows) * width, s + (l * 3 * rows + third * rows) * width,
-                         rows * width);
-        } else if (name == "fcw" || name == "fcb") {  // rows: a block of the 4C hidden units
-            int64_t width = name == "fcw" ? C : 1, rows = 4 * C / t;
-            for (int64_t l = 0; l < L; l++)
-                copy(f + (l * 4 * C + r * rows) * width, s + l * rows * width, rows * width);
-        } else if (name == "attprojw" || name == "fcprojw") {  // columns: the inputs this rank produces
-            int64_t in = name == "attprojw" ? C : 4 * C, cols = in / t;
-            for (int64_t row = 0; row < L * C; row++) copy(f + row * in + r * cols, s + row * cols, cols);
+                    copy(fl + (third * C + r * rows) * width, sl + third * rows * width, rows * width);
+            } else if (name == "fcw" || name == "fcb") {  // rows: a block of the 4C hidden units
+                const int64_t width = name == "fcw" ? C : 1, rows = 4 * C / t;
+                copy(fl + r * rows * width, sl, rows * width);
+            } else if (name == "attprojw" || name == "fcprojw") {  // columns: the inputs this rank produces
+                const int64_t in = name == "attprojw" ? C : 4 * C, cols = in / t;
+                for (int64_t row = 0; row < C; row++) copy(fl + row * in + r * cols, sl + row * cols, cols);
+            }
         }
         f += full_table[i].elements();
         s += shard_table[i].elements();
@@ -117,10 +157,10 @@ bool recomputes_attention_scores(const GPTConfig& config, const RunShape& shape)
 
 std::vector<BlockRun> recomputed_runs(const RunShape& shape, int num_layers) {
     if (shape.recompute != Recompute::full) return {};
-    const int n = shape.recompute_layers;  // 1 ≤ n ≤ L, checked by the model and the config
+    const int n = shape.recompute_layers;  // 1 ≤ n ≤ L, checked by the model and the config; a chunk may hold fewer
     std::vector<BlockRun> runs;
     if (shape.recompute_method == RecomputeMethod::block) {
-        for (int l = 0; l < n; l++) runs.push_back({l, l + 1});
+        for (int l = 0; l < std::min(n, num_layers); l++) runs.push_back({l, l + 1});
     } else {
         for (int l = 0; l < num_layers; l += n) runs.push_back({l, std::min(l + n, num_layers)});
     }
@@ -188,6 +228,17 @@ int64_t saved_blocks_formula_bytes(const GPTConfig& c, const RunShape& r, const 
         const BlockKeeps keeps = block_keeps(r, c.num_layers, l);
         if (keeps == BlockKeeps::whole_table) bytes += whole_table_formula_bytes(c, r, tp, e);
         if (keeps == BlockKeeps::input_only) bytes += block_input_formula_bytes(c, r, tp, e);
+    }
+    return bytes;
+}
+
+int64_t part_saved_blocks_formula_bytes(const GPTConfig& c, const RunShape& r, const TensorParallelism& tp, int64_t e,
+                                        const ModelPart& part) {
+    int64_t bytes = 0;
+    for (size_t chunk = 0; chunk < part.chunks.size(); chunk++) {
+        GPTConfig chunk_config = c;
+        chunk_config.num_layers = part.chunks[chunk].end - part.chunks[chunk].begin;
+        bytes += part.in_flight[chunk] * saved_blocks_formula_bytes(chunk_config, r, tp, e);
     }
     return bytes;
 }

@@ -18,6 +18,7 @@
 #include "model/tensor_table.h"
 #include "parallel/layout.h"
 #include "parallel/mappings.h"
+#include "parallel/pipeline_schedule.h"
 
 namespace tpsp {
 
@@ -47,8 +48,32 @@ struct BlockParameters {
     float *fcprojw, *fcprojb;    // [h, 4h/t], [h]
 };
 
+// Blocks [begin, end) taken together: a run that full recomputation runs
+// forward again, or a pipeline's model chunk.
+struct BlockRun {
+    int begin, end;
+};
+
+// What one pipeline stage holds of the model (docs/design.md §10); without a
+// pipeline, all of it (whole_model). Its blocks are numbered locally
+// 0 … layers.size() − 1 in every table, each knowing its global index.
+struct ModelPart {
+    std::vector<int> layers;       // the global index of each block held, ascending
+    std::vector<BlockRun> chunks;  // its model chunks, local ranges of `layers`, in the model's order
+    bool embeddings = true;        // the first stage: wte's lookup, wpe, the embedding dropout
+    bool head = true;              // the last stage: the final LayerNorm, the LM head over wte, the loss
+    std::vector<int> in_flight;    // per chunk, the micro-batches its schedule keeps in flight: activation sets
+    int num_layers() const { return int(layers.size()); }
+    bool holds_wte() const { return embeddings || head; }  // both ends hold the tied wte (Megatron's embedding group)
+};
+ModelPart whole_model(const GPTConfig& config);
+
 // The table of the parameters; with `blocks`, also each block's view of them.
+// A part's tables keep every tensor's row: those it does not hold have no
+// elements (wte, wpe, lnf), the per-layer ones its blocks.
 std::vector<TensorSpec> parameter_table(const GPTConfig& config, int tp, ParameterTensors* p,
+                                        std::vector<BlockParameters>* blocks = nullptr);
+std::vector<TensorSpec> parameter_table(const GPTConfig& config, int tp, const ModelPart& part, ParameterTensors* p,
                                         std::vector<BlockParameters>* blocks = nullptr);
 // The tensors AdamW decays by default: the matrices (wte, wpe and the four linear weights).
 bool parameter_is_matrix(const std::string& name);
@@ -59,6 +84,9 @@ bool parameter_is_replicated(const std::string& name);
 // Copies between a full tensor (llm.c layout) and rank r's shard of it.
 enum class ShardDirection { full_to_shard, shard_to_full };
 void copy_parameter_shards(const GPTConfig& config, int tp, int rank, float* full, float* shard,
+                           ShardDirection direction);
+// The same for the part a pipeline stage holds: its shard of its tensors.
+void copy_parameter_shards(const GPTConfig& config, int tp, int rank, const ModelPart& part, float* full, float* shard,
                            ShardDirection direction);
 
 // The tensors the GEMMs read, whole (where the GPU's copies live).
@@ -148,10 +176,6 @@ struct TokenBuffers {
 // first block of a run that full recomputation reruns), or nothing (the
 // other blocks of such a run).
 enum class BlockKeeps { whole_table, input_only, nothing };
-// Blocks [begin, end) that full recomputation runs forward again together.
-struct BlockRun {
-    int begin, end;
-};
 // Full recomputation's runs (RecomputeMethod in gpt_config.h); none for the other modes.
 std::vector<BlockRun> recomputed_runs(const RunShape& shape, int num_layers);
 BlockKeeps block_keeps(const RunShape& shape, int num_layers, int layer);
@@ -159,11 +183,22 @@ BlockKeeps block_keeps(const RunShape& shape, int num_layers, int layer);
 std::string recompute_description(const RunShape& shape);
 // How many tables the workspace holds for recomputation: 1 under selective
 // (S', mask and S of the explicit attention; 0 with cuDNN's), the longest run under full.
+// config.num_layers: the blocks of one model chunk where a pipeline cuts the model.
 int recompute_slots(const GPTConfig& config, const RunShape& shape);
+// A pipeline stage's part (parallel/pipeline_schedule.h): its chunks' blocks
+// and the activation sets its schedule keeps in flight.
+ModelPart pipeline_part(const PipelineShape& pipeline, int stage);
+// The blocks' saved activations a stage keeps, per rank (docs/design.md §10):
+// Σ over its chunks of the micro-batches in flight × the chunk's blocks'
+// formula (saved_blocks_formula_bytes of a chunk's blocks); the whole model's
+// for whole_model().
+int64_t part_saved_blocks_formula_bytes(const GPTConfig& config, const RunShape& shape, const TensorParallelism& tp,
+                                        int64_t e, const ModelPart& part);
 
 template <class Act>
 std::vector<TensorSpec> gemm_weight_table(const GPTConfig& config, int tp, GemmWeights<Act>* w,
-                                          std::vector<BlockGemmWeights<Act>>* blocks = nullptr);
+                                          std::vector<BlockGemmWeights<Act>>* blocks = nullptr,
+                                          const ModelPart* part = nullptr);
 // Under context parallelism (cp) `shape` is a CP rank's: seq_len is the s/cp
 // positions it holds; its attention runs on all cp·seq_len positions for
 // 1/cp of its heads (docs/design.md §9).
@@ -172,9 +207,13 @@ std::vector<TensorSpec> block_activation_table(const GPTConfig& config, const Ru
                                                const TensorParallelism& tp, BlockActivations<Act>* a,
                                                BlockKeeps keeps = BlockKeeps::whole_table,
                                                const ContextParallelism& cp = {});
+// embeddings / head: whether the activation set is of a chunk that runs the
+// embeddings (their dropout mask) or the head (lnf_in … lse); a pipeline's
+// other chunks keep none of it.
 template <class Act>
 std::vector<TensorSpec> outside_activation_table(const GPTConfig& config, const RunShape& shape,
-                                                 const TensorParallelism& tp, OutsideActivations<Act>* a);
+                                                 const TensorParallelism& tp, OutsideActivations<Act>* a,
+                                                 bool embeddings = true, bool head = true);
 // attention_scratch: the backend's (Backend::attention_scratch)
 template <class Act>
 std::vector<TensorSpec> workspace_table(const GPTConfig& config, const RunShape& shape, const TensorParallelism& tp,
@@ -235,8 +274,9 @@ public:
     // none; with one, `shape` is this CP rank's (seq_len: the s/cp positions
     // it holds) and forward reads those positions of the whole sequences it
     // is given (docs/design.md §9).
+    // part: what a pipeline stage holds (pipeline_part); empty, the whole model.
     GPTModel(const GPTConfig& config, const RunShape& shape, const TensorParallelism& tp = {}, Comm* group = nullptr,
-             Comm* cp_group = nullptr, bool ring_attention = false);
+             Comm* cp_group = nullptr, bool ring_attention = false, const ModelPart& part = {});
 
     // inputs, targets [b, s] on the host (the data's order; under CP the whole
     // sequences, s = cp · shape.seq_len); returns the mean loss over the b·s tokens. training = false turns dropout off
@@ -253,9 +293,32 @@ public:
     // gradients of the TP-sharded tensors are then final (in the step's last
     // micro-batch), for the data-parallel buckets to start (§8).
     void backward(float dloss_scale, const std::function<void(int stage)>& grads_final = {});
-    // Under SP each rank saw only its tokens: sums the replicated parameters'
-    // gradients over the TP group, in one all-reduce. Once per optimizer step.
-    void reduce_replicated_grads();
+    // A pipeline's steps (docs/design.md §10): one model chunk's forward of
+    // one micro-batch, kept in activation set `set` of that chunk (0 …
+    // part.in_flight[chunk] − 1), and later its backward. forward_chunk's
+    // input [s_local, b, h] is the chunk's input where it does not start the
+    // model (what the previous stage sent), output where the chunk does not
+    // end it (what goes to the next); inputs and targets as forward's; the mean
+    // loss where the chunk ends the model, else 0. backward_chunk's
+    // output_grad is dL/d(output) where the chunk does not end the model,
+    // input_grad receives dL/d(input) where it does not start it.
+    // forward() and backward() are the one chunk of the whole model in set 0.
+    float forward_chunk(int chunk, int set, const int* inputs, const int* targets, const DropoutStep& draw,
+                        const Act* input, Act* output, bool training = true,
+                        const std::function<void(int stage)>& parameters_needed = {});
+    void backward_chunk(int chunk, int set, float dloss_scale, const Act* output_grad, Act* input_grad,
+                        const std::function<void(int stage)>& grads_final = {});
+    // The tied wte's gradient is two sums, kept apart through the step: the
+    // LM head's (in grads.wte) and the embedding lookup's (in embedding_grad),
+    // each over the micro-batches in order. Once per step, after the last
+    // backward: grads.wte += embedding_grad. A pipeline's first and last
+    // stage each hold one of the sums; they exchange them first (the trainer),
+    // so that both add the same two and every layout gives the same bits.
+    void add_embedding_grad();
+    // Once per optimizer step, after the last backward: wte's two sums added
+    // (add_embedding_grad), and under SP, where each rank saw only its tokens,
+    // the replicated parameters' gradients summed over the TP group in one all-reduce.
+    void finish_grads();
     void zero_grad();
     // GPT-2's initialisation: N(0, 0.02), residual projections N(0, 0.02/√(2L)),
     // biases 0, LayerNorm weights 1; the padded vocabulary rows stay 0. The
@@ -270,7 +333,9 @@ public:
     ContextParallelism cp;                    // {1, 0} without context parallelism
     std::vector<TensorSpec> parameter_specs;  // names and shapes of this rank's shard, llm.c order
     int64_t num_parameters = 0;               // of this rank's shard
+    ModelPart part;                           // the blocks it holds (all of them without a pipeline)
     ParameterTensors params{}, grads{};       // fp32 masters and their gradients, in the backend's memory
+    float* embedding_grad = nullptr;          // [Vp/t, h] the embedding lookup's share of wte's gradient
     std::vector<BlockParameters> block_params, block_grads;  // each block's slice of them
     GemmWeights<Act> weights{};                        // what the GEMMs read (the GPU's bf16 copies; params on the CPU)
     std::vector<BlockGemmWeights<Act>> block_weights;  // each block's slice of them
@@ -278,9 +343,23 @@ public:
     OutsideActivations<Act> outside{};
     Workspace<Act> workspace{};
     TokenBuffers tokens{};
-    Arena param_arena, grad_arena, weight_arena, activation_arena, workspace_arena, token_arena;
+    Arena param_arena, grad_arena, weight_arena, activation_arena, workspace_arena, token_arena, embedding_grad_arena;
 
 private:
+    // One micro-batch's activations of one chunk: its blocks' tables, what
+    // the chunk keeps outside them, its tokens and its dropout draw.
+    struct ActivationSet {
+        std::vector<BlockActivations<Act>> blocks;  // the chunk's blocks, in order
+        OutsideActivations<Act> outside{};
+        TokenBuffers tokens{};
+        DropoutStep draw;
+        float dropout = 0.0f;
+    };
+    std::vector<std::vector<ActivationSet>> sets_;                    // [chunk][set]
+    void use_set(int chunk, int set);                                 // points blocks, outside and tokens at the set
+    int global_layer(int l) const { return part.layers[size_t(l)]; }  // the dropout keys' layer
+    void embeddings_forward(const DropoutStep& draw, float p);
+    void embeddings_backward();
     void refresh_gemm_weights(int stage);
     void norm_forward(Act* out, const Act* inp, const float* weight, const float* bias);
     void branch_forward(Act* out, const Act* residual, Act* y, const float* bias, uint8_t* mask, float p,
@@ -293,8 +372,8 @@ private:
     void self_attention_backward(int layer);
     void self_attention_core_backward(int layer, Act* dqkv, const Act* dout);
     void block_backward(int layer);
-    void recompute_runs_ending_at(int layer);
-    void place_recomputed_tensors();
+    void recompute_runs_ending_at(int chunk_begin, int layer);
+    void place_recomputed_tensors(std::vector<BlockActivations<Act>>& chunk_blocks, int chunk_layers);
     void classifier_forward();
     void classifier_backward(float dloss_scale);
     int local_seq() const { return tp.local_seq(shape.seq_len); }  // s/t under SP, s without
@@ -346,7 +425,7 @@ private:
     };
     std::vector<GemmWeightCopy> gemm_weight_copies_;  // empty where the GEMMs read the parameters
     std::vector<SquareSumRange> grad_norm_ranges_;    // every gradient tensor, sharded (0) or replicated (1)
-    std::vector<BlockRun> recomputed_runs_;           // full recomputation's runs of blocks
+    std::vector<BlockRun> recomputed_runs_;           // full recomputation's runs of a chunk's blocks
 };
 
 // The CPU model, which the trainer, the sampler and most tests use.

@@ -49,6 +49,17 @@ void CudaBackend::download(void* host, const void* src, size_t bytes) {
     check_cuda(cudaStreamSynchronize(gpu::context().stream), "download");
 }
 
+__global__ void add_kernel(float* acc, const float* x, int64_t n) {
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i < n) acc[i] += x[i];
+}
+
+void CudaBackend::add(float* acc, const float* x, int64_t n) {
+    if (n == 0) return;
+    add_kernel<<<unsigned((n + 255) / 256), 256, 0, gpu::context().stream>>>(acc, x, n);
+    gpu::check_launch("add");
+}
+
 void CudaBackend::zero(void* data, size_t bytes) {
     check_cuda(cudaMemsetAsync(data, 0, bytes, gpu::context().stream), "zero");
 }

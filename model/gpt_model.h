@@ -26,9 +26,10 @@ inline Dim split_dim(int64_t full, const std::string& symbol, int t) {
 
 template <class Act>
 std::vector<TensorSpec> gemm_weight_table(const GPTConfig& c, int t, GemmWeights<Act>* w,
-                                          std::vector<BlockGemmWeights<Act>>* blocks) {
-    Dim L{c.num_layers, "L"}, h{c.channels, "h"};
-    Dim Vp = split_dim(c.padded_vocab_size, "Vp", t), h_t = split_dim(c.channels, "h", t);
+                                          std::vector<BlockGemmWeights<Act>>* blocks, const ModelPart* part) {
+    Dim L{part ? part->num_layers() : c.num_layers, "L"}, h{c.channels, "h"};
+    Dim Vp = split_dim(!part || part->holds_wte() ? c.padded_vocab_size : 0, "Vp", t);
+    Dim h_t = split_dim(c.channels, "h", t);
     Dim h3_t = split_dim(3 * c.channels, "3h", t), h4_t = split_dim(4 * c.channels, "4h", t);
     using B = BlockGemmWeights<Act>;
     return {
@@ -131,12 +132,13 @@ inline Dim attention_scratch_for(const GPTConfig& c, const Dim& explicit_scratch
 
 template <class Act>
 std::vector<TensorSpec> outside_activation_table(const GPTConfig& c, const RunShape& r, const TensorParallelism& tp,
-                                                 OutsideActivations<Act>* a) {
+                                                 OutsideActivations<Act>* a, bool embeddings, bool head) {
     Dim b{r.batch, "b"}, s{r.seq_len, "s"}, h{c.channels, "h"};
     Dim s_local = tp.sequence_parallel ? split_dim(r.seq_len, "s", tp.size) : s;
     std::vector<TensorSpec> table;
-    if (r.dropout > 0.0f)
+    if (r.dropout > 0.0f && embeddings)
         table.push_back(tensor("embedding_dropout_mask", {s_local, b, h}, &a->embedding_dropout_mask));
+    if (!head) return table;
     const std::vector<TensorSpec> rest = {
         tensor("lnf_in", {s_local, b, h}, &a->lnf_in),
         tensor("lnf_out", {s_local, b, h}, &a->lnf_out),
@@ -196,11 +198,12 @@ std::vector<TensorSpec> workspace_table(const GPTConfig& c, const RunShape& r, c
 
 template <class Backend>
 GPTModel<Backend>::GPTModel(const GPTConfig& c, const RunShape& r, const TensorParallelism& t, Comm* group,
-                            Comm* cp_group, bool ring_attention)
+                            Comm* cp_group, bool ring_attention, const ModelPart& model_part)
     : config(c), shape(r), tp(t), cp{cp_group ? cp_group->size() : 1, cp_group ? cp_group->rank() : 0,
                                      ring_attention && cp_group && cp_group->size() > 1},
       group_(group ? group : &single_rank_group_), mappings_(group_, t.sequence_parallel_active()),
       cp_group_(cp_group) {
+    part = model_part.layers.empty() ? whole_model(config) : model_part;
     if (group_->size() != tp.size || group_->rank() != tp.rank)
         throw std::logic_error("GPT: the communicator does not match the tensor-parallel layout");
     if (cp.size > 1) {
@@ -222,26 +225,33 @@ GPTModel<Backend>::GPTModel(const GPTConfig& c, const RunShape& r, const TensorP
         cp_out_ = std::make_unique<ContextParallelMappings<Comm>>(cp_group_, 1, qkv_heads, head_size, attention_seq(),
                                                                   shape.batch);
     }
+    // a pipeline's model chunk, as the tables see it: its blocks are "L" (they all hold as many)
+    GPTConfig chunk_config = config;
+    chunk_config.num_layers = part.chunks[0].end - part.chunks[0].begin;
     if (shape.recompute == Recompute::full &&
-        (shape.recompute_layers < 1 || shape.recompute_layers > config.num_layers))
+        (shape.recompute_layers < 1 || shape.recompute_layers > chunk_config.num_layers))
         throw std::invalid_argument("model.recompute_layers: " + std::to_string(shape.recompute_layers) +
-                                    " blocks to recompute; full recomputation takes 1 to model.layers (" +
-                                    std::to_string(config.num_layers) + ")");
+                                    " blocks to recompute; full recomputation takes 1 to the blocks of a model "
+                                    "chunk (" +
+                                    std::to_string(chunk_config.num_layers) + ")");
     if (config.attention == AttentionKernel::cudnn_fused && !Backend::has_fused_attention)
         throw std::invalid_argument(
             "model.attention: cudnn is cuDNN's fused attention: it needs the GPU backend "
             "built with cuDNN");
     const Memory& memory = Backend::memory();
-    parameter_specs = parameter_table(config, tp.size, &params, &block_params);
+    parameter_specs = parameter_table(config, tp.size, part, &params, &block_params);
     param_arena = Arena(parameter_specs, memory);
-    grad_arena = Arena(parameter_table(config, tp.size, &grads, &block_grads), memory);
+    grad_arena = Arena(parameter_table(config, tp.size, part, &grads, &block_grads), memory);
+    const int64_t wte_rows = part.holds_wte() ? config.padded_vocab_size / tp.size : 0;
+    embedding_grad_arena = Arena(
+        {tensor("embedding_grad", {{wte_rows, "Vp/t"}, {config.channels, "h"}}, &embedding_grad)}, memory);
     num_parameters = int64_t(param_arena.bytes() / sizeof(float));
     int64_t offset = 0;  // of each gradient tensor in grads
     for (const TensorSpec& p : parameter_specs) {
         grad_norm_ranges_.push_back({offset, p.elements(), parameter_is_replicated(p.name) ? 1 : 0});
         offset += p.elements();
     }
-    std::vector<TensorSpec> weight_table = gemm_weight_table(config, tp.size, &weights, &block_weights);
+    std::vector<TensorSpec> weight_table = gemm_weight_table(config, tp.size, &weights, &block_weights, &part);
     if constexpr (Backend::copies_gemm_weights) {
         // each bf16 copy beside the fp32 parameter of its name, for refresh_gemm_weights
         weight_arena = Arena(weight_table, memory);
@@ -258,51 +268,76 @@ GPTModel<Backend>::GPTModel(const GPTConfig& c, const RunShape& r, const TensorP
         for (const TensorSpec& w : weight_table) w.place(parameter(w.name));  // the GEMMs read the parameters
     }
 
-    blocks.resize(config.num_layers);
-    std::vector<TensorSpec> activations;
-    for (int l = 0; l < config.num_layers; l++) {
-        std::vector<TensorSpec> table = block_activation_table(config, shape, tp, &blocks[l],
-                                                               block_keeps(shape, config.num_layers, l), cp);
-        activations.insert(activations.end(), table.begin(), table.end());
+    // an activation set per micro-batch each chunk keeps in flight (one without a pipeline)
+    std::vector<TensorSpec> activations, token_tables;
+    sets_.resize(part.chunks.size());
+    for (size_t chunk = 0; chunk < part.chunks.size(); chunk++) {
+        const bool first = chunk == 0 && part.embeddings, last = chunk + 1 == part.chunks.size() && part.head;
+        sets_[chunk].resize(size_t(part.in_flight[chunk]));
+        for (ActivationSet& set : sets_[chunk]) {
+            set.blocks.resize(size_t(chunk_config.num_layers));
+            for (int l = 0; l < chunk_config.num_layers; l++) {
+                std::vector<TensorSpec> table = block_activation_table(
+                    config, shape, tp, &set.blocks[size_t(l)], block_keeps(shape, chunk_config.num_layers, l), cp);
+                activations.insert(activations.end(), table.begin(), table.end());
+            }
+            std::vector<TensorSpec> outside_table = outside_activation_table(config, shape, tp, &set.outside, first,
+                                                                             last);
+            activations.insert(activations.end(), outside_table.begin(), outside_table.end());
+            std::vector<TensorSpec> token_rows = token_table(shape, &set.tokens);
+            token_tables.insert(token_tables.end(), token_rows.begin(), token_rows.end());
+        }
     }
-    std::vector<TensorSpec> outside_table = outside_activation_table(config, shape, tp, &outside);
-    activations.insert(activations.end(), outside_table.begin(), outside_table.end());
     activation_arena = Arena(activations, memory);
     const Dim scratch = attention_scratch_for(
         config,
         // ring attention's kernels want 4·c² floats a thread (c = s/(2·cp)): (s/cp)², not s²
         Backend::attention_scratch(shape.batch, cp.ring ? shape.seq_len : attention_seq(), config.channels,
                                    config.num_heads, head_split()));
-    workspace_arena = Arena(workspace_table(config, shape, tp, scratch, &workspace, cp), memory);
-    place_recomputed_tensors();
-    token_arena = Arena(token_table(shape, &tokens), memory);
+    workspace_arena = Arena(workspace_table(chunk_config, shape, tp, scratch, &workspace, cp), memory);
+    token_arena = Arena(token_tables, memory);
+    recomputed_runs_ = recomputed_runs(shape, chunk_config.num_layers);
+    for (std::vector<ActivationSet>& chunk_sets : sets_)
+        for (ActivationSet& set : chunk_sets) place_recomputed_tensors(set.blocks, chunk_config.num_layers);
+    blocks.resize(size_t(part.num_layers()));
+    for (int chunk = int(part.chunks.size()) - 1; chunk >= 0; chunk--) use_set(chunk, 0);
     host_row_targets_.resize(size_t(shape.batch) * shape.seq_len);
     linears_ = std::make_unique<ParallelLinears<Comm, Act>>(group_, tp, shape.seq_len * shape.batch,
                                                             local_seq() * shape.batch, workspace.rs_scratch);
 }
 
-// Points what the blocks do not keep at the workspace's recompute tables:
-// under selective recomputation every block's S', mask and S at the one
-// set; under full recomputation each run's blocks at the slots, block j of
-// the run at slot j, and its first block's input at the input it keeps.
+// Points what one chunk's blocks do not keep at the workspace's recompute
+// tables: under selective recomputation every block's S', mask and S at the
+// one set; under full recomputation each run's blocks at the slots, block j
+// of the run at slot j, and its first block's input at the input it keeps.
 template <class Backend>
-void GPTModel<Backend>::place_recomputed_tensors() {
-    recomputed_runs_ = recomputed_runs(shape, config.num_layers);
+void GPTModel<Backend>::place_recomputed_tensors(std::vector<BlockActivations<Act>>& chunk_blocks, int chunk_layers) {
     if (recomputes_attention_scores(config, shape)) {
         const BlockActivations<Act>& scores = workspace.recompute[0];
-        for (BlockActivations<Act>& block : blocks) {
+        for (BlockActivations<Act>& block : chunk_blocks) {
             block.softmax_out = scores.softmax_out;
             block.attn_dropout_mask = scores.attn_dropout_mask;
             block.attn_dropout_out = scores.attn_dropout_out;
         }
     }
-    for (const BlockRun& run : recomputed_runs_) {
+    for (const BlockRun& run : recomputed_runs(shape, chunk_layers)) {
         for (int l = run.begin; l < run.end; l++) {
-            Act* kept_input = blocks[l].ln1_in;
-            blocks[l] = workspace.recompute[size_t(l - run.begin)];
-            if (l == run.begin) blocks[l].ln1_in = kept_input;
+            Act* kept_input = chunk_blocks[size_t(l)].ln1_in;
+            chunk_blocks[size_t(l)] = workspace.recompute[size_t(l - run.begin)];
+            if (l == run.begin) chunk_blocks[size_t(l)].ln1_in = kept_input;
         }
     }
+}
+
+// The model's code reads blocks[l], outside and tokens: the set's, from here on.
+template <class Backend>
+void GPTModel<Backend>::use_set(int chunk, int set) {
+    ActivationSet& s = sets_[size_t(chunk)][size_t(set)];
+    std::copy(s.blocks.begin(), s.blocks.end(), blocks.begin() + part.chunks[size_t(chunk)].begin);
+    outside = s.outside;
+    tokens = s.tokens;
+    last_draw_ = s.draw;
+    last_dropout_ = s.dropout;
 }
 
 template <class Backend>
@@ -319,6 +354,7 @@ template <class Backend>
 void GPTModel<Backend>::zero_grad() {
     ComputeSpan span(group_->tracer, "zero gradients");
     Backend::zero(grad_arena.data(), grad_arena.bytes());
+    Backend::zero(embedding_grad_arena.data(), embedding_grad_arena.bytes());
 }
 
 // The full model's weights from the seed, as at t = 1 (gpt.cpp).
@@ -328,7 +364,7 @@ template <class Backend>
 void GPTModel<Backend>::init_random(uint64_t seed) {
     std::vector<float> full = initial_full_parameters(config, seed);
     std::vector<float> shard(static_cast<size_t>(num_parameters));
-    copy_parameter_shards(config, tp.size, tp.rank, full.data(), shard.data(), ShardDirection::full_to_shard);
+    copy_parameter_shards(config, tp.size, tp.rank, part, full.data(), shard.data(), ShardDirection::full_to_shard);
     Backend::upload(params.wte, shard.data(), shard.size() * sizeof(float));
 }
 
@@ -399,7 +435,7 @@ void GPTModel<Backend>::self_attention_forward(int l, const DropoutStep& draw, f
         if constexpr (Backend::has_fused_attention) {
             if (config.attention == AttentionKernel::cudnn_fused) {
                 fused_attention_forward(a.attn_out, a.softmax_stats, a.qkv, B, T, Ct, heads, p,
-                                        fused_attention_seed(draw, l, tp.rank));
+                                        fused_attention_seed(draw, global_layer(l), tp.rank));
                 return;
             }
         }
@@ -420,7 +456,7 @@ void GPTModel<Backend>::explicit_attention_forward(int l, Act* out, const Dropou
     attention_forward(out, a.softmax_out, a.attn_dropout_mask, a.attn_dropout_out, a.qkv, workspace.attention_scratch,
                       B, T, Ct, heads, p,
                       probs_box(B, heads, config.num_heads, T, first_attention_head(), draw.batch_offset),
-                      {draw.seed, draw.step, uint32_t(l), DropoutSite::attention_probs});
+                      {draw.seed, draw.step, uint32_t(global_layer(l)), DropoutSite::attention_probs});
 }
 
 // Ring attention (§9): this rank's own K|V block is copied out of qkv and
@@ -434,7 +470,7 @@ void GPTModel<Backend>::ring_attention_forward(int l, Act* out, const DropoutSte
     if constexpr (Backend::has_ring_attention) {
         const int B = shape.batch, T = shape.seq_len, Ct = attention_channels();
         const RingAttention ra = ring_layout(draw.batch_offset);
-        const DropoutKey key{draw.seed, draw.step, uint32_t(l), DropoutSite::attention_probs};
+        const DropoutKey key{draw.seed, draw.step, uint32_t(global_layer(l)), DropoutSite::attention_probs};
         BlockActivations<Act>& a = blocks[l];
         Workspace<Act>& w = workspace;
         const size_t block = size_t(T) * B * 2 * Ct;
@@ -467,7 +503,7 @@ void GPTModel<Backend>::ring_attention_backward(int l, Act* dqkv, const Act* dou
         const int B = shape.batch, T = shape.seq_len, Ct = attention_channels();
         const RingAttention ra = ring_layout(last_draw_.batch_offset);
         const float p = last_dropout_;
-        const DropoutKey key{last_draw_.seed, last_draw_.step, uint32_t(l), DropoutSite::attention_probs};
+        const DropoutKey key{last_draw_.seed, last_draw_.step, uint32_t(global_layer(l)), DropoutSite::attention_probs};
         const BlockActivations<Act>& a = blocks[l];
         Workspace<Act>& w = workspace;
         const size_t block = size_t(T) * B * 2 * Ct;
@@ -529,7 +565,7 @@ void GPTModel<Backend>::self_attention_core_backward(int l, Act* dqkv, const Act
         if (config.attention == AttentionKernel::cudnn_fused) {
             ComputeSpan span(group_->tracer, "attention backward");
             fused_attention_backward(dqkv, dout, a.qkv, a.attn_out, a.softmax_stats, B, T, Ct, heads, p,
-                                     fused_attention_seed(last_draw_, l, tp.rank));
+                                     fused_attention_seed(last_draw_, global_layer(l), tp.rank));
             return;
         }
     }
@@ -580,7 +616,7 @@ void GPTModel<Backend>::block_forward(int l, Act* block_out, const DropoutStep& 
     const BlockGemmWeights<Act>& weight = block_weights[l];
     BlockActivations<Act>& a = blocks[l];
     Workspace<Act>& w = workspace;
-    auto key = [&](DropoutSite site) { return DropoutKey{draw.seed, draw.step, uint32_t(l), site}; };
+    auto key = [&](DropoutSite site) { return DropoutKey{draw.seed, draw.step, uint32_t(global_layer(l)), site}; };
 
     // attention half: ln2_in = ln1_in + dropout(ḡ(proj(attention(qkv(g(ln1(ln1_in)))))) + bias)
     norm_forward(a.ln1_out, a.ln1_in, param.ln1w, param.ln1b);
@@ -629,10 +665,45 @@ void GPTModel<Backend>::classifier_forward() {
 template <class Backend>
 float GPTModel<Backend>::forward(const int* inputs, const int* targets, const DropoutStep& draw, bool training,
                                  const std::function<void(int stage)>& parameters_needed) {
-    const int B = shape.batch, T = shape.seq_len, C = config.channels, L = config.num_layers;
-    const int N = T * B;
+    return forward_chunk(0, 0, inputs, targets, draw, nullptr, nullptr, training, parameters_needed);
+}
+
+// Vocabulary-parallel embedding: each rank looks up the tokens it holds, ḡ
+// sums them (into this rank's sequence shard); then positions and dropout,
+// into the first block's input.
+template <class Backend>
+void GPTModel<Backend>::embeddings_forward(const DropoutStep& draw, float p) {
+    const int B = shape.batch, T = shape.seq_len, C = config.channels, N = T * B;
     const int Vp_local = config.padded_vocab_size / tp.size;
+    Workspace<Act>& w = workspace;
+    {
+        ComputeSpan span(group_->tracer, "embeddings");
+        token_embedding_forward(w.partial, tokens.inputs, params.wte, tp.rank * Vp_local, Vp_local, B, T, C);
+    }
+    Act* x = mappings_.gbar_forward(w.partial, w.branch, size_t(N) * C);
+    ComputeSpan span(group_->tracer, "embeddings");
+    const ContextParallelism::PositionRuns runs = position_runs();  // global positions (§9)
+    for (int i = 0; i < runs.count; i++) {
+        const ContextParallelism::PositionRun& run = runs.run[i];
+        const size_t at = size_t(run.offset) * B * C;
+        uint8_t* mask = outside.embedding_dropout_mask;
+        position_embedding_forward(x + at, params.wpe, run.global_start, run.count, B, C);
+        dropout_forward(blocks[0].ln1_in + at, mask ? mask + at : nullptr, x + at,
+                        token_box(run.count, B, attention_seq(), C, run.global_start, draw.batch_offset), p,
+                        {draw.seed, draw.step, 0, DropoutSite::embedding});
+    }
+}
+
+template <class Backend>
+float GPTModel<Backend>::forward_chunk(int chunk, int set, const int* inputs, const int* targets,
+                                       const DropoutStep& draw, const Act* input, Act* output, bool training,
+                                       const std::function<void(int stage)>& parameters_needed) {
+    const int B = shape.batch, T = shape.seq_len, C = config.channels, L = part.num_layers();
+    const int N = T * B;
+    const BlockRun blocks_run = part.chunks[size_t(chunk)];
+    const bool first = chunk == 0 && part.embeddings, last = chunk + 1 == int(part.chunks.size()) && part.head;
     const float p = training ? shape.dropout : 0.0f;
+    use_set(chunk, set);
     if (cp.size > 1) {  // this rank's positions of the whole sequences [b, cp·T]
         const int S = attention_seq();
         host_cp_inputs_.resize(size_t(N));
@@ -649,40 +720,28 @@ float GPTModel<Backend>::forward(const int* inputs, const int* targets, const Dr
     }
     Backend::upload(tokens.inputs, inputs, sizeof(int) * N);
     Backend::upload(tokens.row_targets, host_row_targets_.data(), sizeof(int) * N);
-    last_draw_ = draw;
-    last_dropout_ = p;
+    ActivationSet& kept = sets_[size_t(chunk)][size_t(set)];
+    kept.draw = last_draw_ = draw;
+    kept.dropout = last_dropout_ = p;
 
-    // vocabulary-parallel embedding: each rank looks up the tokens it holds,
-    // ḡ sums them (into this rank's sequence shard); then positions and dropout
-    Workspace<Act>& w = workspace;
     // before each stage, its parameters: arrived (parameters_needed, where set) and, on the GPU, cast to bf16
     const auto stage_ready = [&](int stage) {
         if (parameters_needed) parameters_needed(stage);
         refresh_gemm_weights(stage);
     };
-    stage_ready(0);
-    {
-        ComputeSpan span(group_->tracer, "embeddings");
-        token_embedding_forward(w.partial, tokens.inputs, params.wte, tp.rank * Vp_local, Vp_local, B, T, C);
+    if (first) {
+        stage_ready(0);
+        embeddings_forward(draw, p);
+    } else {
+        Backend::copy(blocks[size_t(blocks_run.begin)].ln1_in, input, sizeof(Act) * local_seq() * B * C);
     }
-    Act* x = mappings_.gbar_forward(w.partial, w.branch, size_t(N) * C);
-    {
-        ComputeSpan span(group_->tracer, "embeddings");
-        const ContextParallelism::PositionRuns runs = position_runs();  // global positions (§9)
-        for (int i = 0; i < runs.count; i++) {
-            const ContextParallelism::PositionRun& run = runs.run[i];
-            const size_t at = size_t(run.offset) * B * C;
-            uint8_t* mask = outside.embedding_dropout_mask;
-            position_embedding_forward(x + at, params.wpe, run.global_start, run.count, B, C);
-            dropout_forward(blocks[0].ln1_in + at, mask ? mask + at : nullptr, x + at,
-                            token_box(run.count, B, attention_seq(), C, run.global_start, draw.batch_offset), p,
-                            {draw.seed, draw.step, 0, DropoutSite::embedding});
-        }
-    }
-    for (int l = 0; l < L; l++) {
+    for (int l = blocks_run.begin; l < blocks_run.end; l++) {
         stage_ready(l + 1);
-        block_forward(l, l + 1 < L ? blocks[l + 1].ln1_in : outside.lnf_in, draw, p);
+        Act* block_out = l + 1 < blocks_run.end ? blocks[size_t(l) + 1].ln1_in : last ? outside.lnf_in : output;
+        block_forward(l, block_out, draw, p);
     }
+    if (!last) return 0.0f;
+    if (!part.embeddings) stage_ready(0);  // the LM head reads wte
     stage_ready(L + 1);
     classifier_forward();
     if (cp.size == 1) return Backend::mean_loss(outside.losses, N);
@@ -758,11 +817,12 @@ void GPTModel<Backend>::block_backward(int l) {
 // Only workspace.stream_grad is live here; the last block's output, which
 // the next block keeps already, goes to local_grad, free until the block's backward.
 template <class Backend>
-void GPTModel<Backend>::recompute_runs_ending_at(int l) {
+void GPTModel<Backend>::recompute_runs_ending_at(int chunk_begin, int l) {
     for (const BlockRun& run : recomputed_runs_) {
-        if (run.end != l + 1) continue;
-        for (int k = run.begin; k < run.end; k++)
-            block_forward(k, k + 1 < run.end ? blocks[k + 1].ln1_in : workspace.local_grad, last_draw_, last_dropout_);
+        if (chunk_begin + run.end != l + 1) continue;
+        for (int k = chunk_begin + run.begin; k < chunk_begin + run.end; k++)
+            block_forward(k, k + 1 < chunk_begin + run.end ? blocks[size_t(k) + 1].ln1_in : workspace.local_grad,
+                          last_draw_, last_dropout_);
     }
 }
 
@@ -787,15 +847,16 @@ void GPTModel<Backend>::classifier_backward(float dloss_scale) {
 
 template <class Backend>
 void GPTModel<Backend>::backward(float dloss_scale, const std::function<void(int stage)>& grads_final) {
-    const int B = shape.batch, T = shape.seq_len, C = config.channels, L = config.num_layers;
+    backward_chunk(0, 0, dloss_scale, nullptr, nullptr, grads_final);
+}
+
+// The embedding dropout's, wpe's and (into embedding_grad) wte's gradients
+// from the first block's input gradient in workspace.stream_grad.
+template <class Backend>
+void GPTModel<Backend>::embeddings_backward() {
+    const int B = shape.batch, T = shape.seq_len, C = config.channels;
     const int N = T * B, N_local = local_seq() * B, Vp_local = config.padded_vocab_size / tp.size;
     Workspace<Act>& w = workspace;
-    classifier_backward(dloss_scale);
-    for (int l = L - 1; l >= 0; l--) {
-        recompute_runs_ending_at(l);
-        block_backward(l);
-        if (grads_final) grads_final(L - l);
-    }
     {
         ComputeSpan span(group_->tracer, "embeddings backward");
         dropout_backward(w.branch, outside.embedding_dropout_mask, w.stream_grad, int64_t(N_local) * C, last_dropout_);
@@ -806,14 +867,40 @@ void GPTModel<Backend>::backward(float dloss_scale, const std::function<void(int
     }
     const Act* demb = mappings_.gbar_backward(static_cast<const Act*>(w.branch), w.gathered, size_t(N) * C);
     ComputeSpan span(group_->tracer, "embeddings backward");
-    token_embedding_backward(grads.wte, demb, tokens.inputs, tp.rank * Vp_local, Vp_local, B, T, C);
+    token_embedding_backward(embedding_grad, demb, tokens.inputs, tp.rank * Vp_local, Vp_local, B, T, C);
+}
+
+template <class Backend>
+void GPTModel<Backend>::backward_chunk(int chunk, int set, float dloss_scale, const Act* output_grad, Act* input_grad,
+                                       const std::function<void(int stage)>& grads_final) {
+    const int L = part.num_layers(), rows = local_seq() * shape.batch * config.channels;
+    const BlockRun blocks_run = part.chunks[size_t(chunk)];
+    const bool first = chunk == 0 && part.embeddings, last = chunk + 1 == int(part.chunks.size()) && part.head;
+    use_set(chunk, set);
+    if (last) classifier_backward(dloss_scale);
+    else Backend::copy(workspace.stream_grad, output_grad, sizeof(Act) * rows);
+    for (int l = blocks_run.end - 1; l >= blocks_run.begin; l--) {
+        recompute_runs_ending_at(blocks_run.begin, l);
+        block_backward(l);
+        if (grads_final) grads_final(L - l);
+    }
+    if (first) embeddings_backward();
+    else Backend::copy(input_grad, workspace.stream_grad, sizeof(Act) * rows);
+}
+
+template <class Backend>
+void GPTModel<Backend>::add_embedding_grad() {
+    if (!part.holds_wte()) return;
+    ComputeSpan span(group_->tracer, "tied wte gradients");
+    Backend::add(grads.wte, embedding_grad, int64_t(embedding_grad_arena.bytes() / sizeof(float)));
 }
 
 // ----------------------------------------------------------------------------
 // gradients of the replicated parameters
 
 template <class Backend>
-void GPTModel<Backend>::reduce_replicated_grads() {
+void GPTModel<Backend>::finish_grads() {
+    add_embedding_grad();
     if (!tp.sequence_parallel_active()) return;  // without SP every rank computed the same, whole gradient
     float* packed = workspace.replicated_grads;
     auto visit = [&](bool pack) {

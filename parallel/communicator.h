@@ -35,7 +35,8 @@ namespace tpsp {
 
 struct CollectiveBytes {
     int64_t all_gather = 0, reduce_scatter = 0, all_reduce = 0, all_to_all = 0;
-    int64_t ring = 0;  // sent around a ring by sends and receives (context parallelism's p2p)
+    int64_t ring = 0;      // sent around a ring by sends and receives (context parallelism's p2p)
+    int64_t pipeline = 0;  // received from the neighbouring pipeline stages
 };
 
 // total: the time during which at least one of the group's transfers was in

@@ -65,7 +65,7 @@ DataParallelRun train_data_parallel_rank(const DataParallelTraining& run, const 
             if (micro + 1 == run.grad_accum) data_parallel.last_backward(dloss);
             else model.backward(dloss);
         }
-        model.reduce_replicated_grads();
+        model.finish_grads();
         data_parallel.reduce_grads();
         replicas.all_reduce_sum(&loss, 1);
         const float norm = data_parallel.grad_norm();

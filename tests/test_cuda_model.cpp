@@ -52,7 +52,9 @@ void expect_same_loss_and_gradients(GPT& cpu, GPTModel<CudaBackend>& gpu_model, 
     const float gpu_loss = gpu_model.forward(tokens.inputs.data(), tokens.targets.data(), draw);
     EXPECT_NEAR(gpu_loss, cpu_loss, 1e-2 * cpu_loss);
     cpu.backward(1.0f / N);
+    cpu.finish_grads();
     gpu_model.backward(1.0f / N);
+    gpu_model.finish_grads();
     std::vector<float> gpu_grads = download_floats(gpu_model.grads.wte, gpu_model.num_parameters);
     int64_t at = 0;
     for (const TensorSpec& t : cpu.parameter_specs) {
@@ -132,6 +134,7 @@ float loss_and_gradients(const GPTConfig& config, const RunShape& shape, const T
     model.zero_grad();
     const float loss = model.forward(tokens.inputs.data(), tokens.targets.data(), draw);
     model.backward(1.0f / (shape.batch * shape.seq_len));
+    model.finish_grads();
     *grads = download_floats(model.grads.wte, model.num_parameters);
     return loss;
 }

@@ -64,7 +64,7 @@ RankStep one_step(const TensorParallelism& tp, typename Backend::Comm* group, co
     RankStep step;
     step.loss = model.forward(tokens.data(), tokens.data() + 1, draw);
     model.backward(1.0f / N);
-    model.reduce_replicated_grads();
+    model.finish_grads();
     step.grads = download_floats(model.grads.wte, model.num_parameters);
     step.parameter_specs = model.parameter_specs;
     const int64_t scores = int64_t(shape.batch) * (config.num_heads / (tp.size * cp)) * shape.seq_len * shape.seq_len;

@@ -87,6 +87,7 @@ TEST(ModelVsTorch, LossLogitsAndEveryGradient) {
                         sizeof(float) * Vp);
     EXPECT_LT(tpsp::testing::relative_error(logits.data(), ref.logits.data(), int64_t(ref.logits.size())), 1e-5);
     model.backward(1.0f / N);
+    model.finish_grads();
     int64_t at = 0;
     for (const TensorSpec& t : model.parameter_specs) {
         double err = tpsp::testing::relative_error(model.grads.wte + at, ref.grads.data() + at, t.elements());
@@ -108,6 +109,7 @@ TEST(ModelVsTorch, TenAdamWSteps) {
         float loss = model.forward(ref.inputs.data(), ref.targets.data(), {});
         EXPECT_NEAR(loss, ref.step_losses[step], 1e-4 * ref.step_losses[step]) << "step " << step;
         model.backward(1.0f / N);
+        model.finish_grads();
         opt.update(model, float(ref.lr), 1.0f, step + 1);
     }
 }
@@ -145,6 +147,7 @@ TEST(Model, BackwardWithDropoutMatchesFiniteDifferencesWithMasksHeldFixed) {
     model.zero_grad();
     model.forward(inputs, targets, draw);
     model.backward(1.0f / N);
+    model.finish_grads();
     std::vector<float> analytic(model.grads.wte, model.grads.wte + model.num_parameters);
     auto loss = [&] { return double(model.forward(inputs, targets, draw)); };
     int64_t at = 0;
@@ -422,6 +425,7 @@ static void expect_backward_reads_nothing_forward_left_in_the_workspace(const GP
                 w[i] = std::numeric_limits<float>::quiet_NaN();
         }
         model.backward(1.0f / N);
+        model.finish_grads();
         (poison ? poisoned : clean).assign(model.grads.wte, model.grads.wte + model.num_parameters);
     }
     EXPECT_EQ(clean, poisoned);

@@ -87,6 +87,7 @@ void compare_with_one_rank(int t, bool sequence_parallel) {
     one.zero_grad();
     float one_loss = one.forward(tokens.data(), tokens.data() + 1, draw);
     one.backward(1.0f / N);
+    one.finish_grads();
 
     TensorParallelism tp{t, group.rank(), sequence_parallel, {}};
     GPT split(config, shape, tp, &group);
@@ -94,7 +95,7 @@ void compare_with_one_rank(int t, bool sequence_parallel) {
     split.zero_grad();
     float split_loss = split.forward(tokens.data(), tokens.data() + 1, draw);
     split.backward(1.0f / N);
-    split.reduce_replicated_grads();
+    split.finish_grads();
     EXPECT_NEAR(split_loss, one_loss, 1e-6 * one_loss);
 
     // the masks: this rank's part of every mask is the same part of the one-rank mask
@@ -166,7 +167,7 @@ OneRankStep one_step(Group* group, bool sequence_parallel, const OverlapSettings
     OneRankStep step;
     step.loss = model.forward(tokens.data(), tokens.data() + 1, {7, 3, 0});
     model.backward(1.0f / N);
-    model.reduce_replicated_grads();
+    model.finish_grads();
     step.grads.assign(model.grads.wte, model.grads.wte + model.num_parameters);
     model.grad_square_sums(&step.sharded, &step.replicated);
     group->all_reduce_sum(&step.sharded, 1);
@@ -242,7 +243,7 @@ void compare_overlap_with_plain(int t, const OverlapSettings& overlap, const std
         model.zero_grad();
         losses.push_back(model.forward(tokens.data(), tokens.data() + 1, {1, 2, 0}));
         model.backward(1.0f / N);
-        model.reduce_replicated_grads();
+        model.finish_grads();
         grads[run].assign(model.grads.wte, model.grads.wte + model.num_parameters);
         if (run == 1) {
             EXPECT_NEAR(losses[1], losses[0], 1e-6 * losses[0]);
@@ -301,6 +302,7 @@ SpanCounts communication_spans(int t, const OverlapSettings& overlap) {
     model.zero_grad();
     model.forward(tokens.data(), tokens.data() + 1, {1, 2, 0});
     model.backward(1.0f / N);
+    model.finish_grads();
     SpanCounts counts;
     for (const char* name :
          {"all-gather", "reduce-scatter", "ring all-gather", "ring reduce-scatter", "pipelined reduce-scatter",
@@ -410,7 +412,7 @@ void compare_recompute_modes_with_none(int t, bool sequence_parallel, const Over
         model.zero_grad();
         const float loss = model.forward(tokens.data(), tokens.data() + 1, {4, 9, 0});
         model.backward(1.0f / N);
-        model.reduce_replicated_grads();
+        model.finish_grads();
         const std::vector<TensorSpec> outside = outside_activation_table(config, run, tp, &model.outside);
         EXPECT_EQ(int64_t(model.activation_arena.bytes()),
                   saved_blocks_formula_bytes(config, run, tp, 4) + int64_t(table_bytes(outside)));
@@ -638,6 +640,7 @@ void compare_context_parallel_with_one_rank(int cp, int t, bool sequence_paralle
     one.zero_grad();
     const float one_loss = one.forward(tokens.data(), tokens.data() + 1, draw);
     one.backward(1.0f / N);
+    one.finish_grads();
 
     const ContextParallelism layout{cp, cp_rank};
     RunShape rank_shape = shape;
@@ -647,7 +650,7 @@ void compare_context_parallel_with_one_rank(int cp, int t, bool sequence_paralle
     split.zero_grad();
     const float split_loss = split.forward(tokens.data(), tokens.data() + 1, draw);  // it reads its positions
     split.backward(1.0f / N);
-    split.reduce_replicated_grads();
+    split.finish_grads();
     cp_group.all_reduce_sum(split.grads.wte, size_t(split.num_parameters));
     EXPECT_NEAR(split_loss, one_loss, 1e-6 * one_loss);
 

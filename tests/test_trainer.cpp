@@ -497,6 +497,59 @@ TEST(ContextParallelTraining, LossesAtCpTwoAndFourEqualOneRank) {
     }
 }
 
+// Pipeline parallelism (docs/design.md §10) trains the bits of one stage:
+// each stage accumulates its micro-batches' gradients in the same order, the
+// tied wte's two sums (the LM head's and the lookup's) are added once, after
+// the step's last backward, on every layout alike, and the dropout masks
+// are keyed by global block. Losses and gradient norms are compared as the
+// metrics file writes them (the shortest text that round-trips): equal bits.
+TEST(PipelineParallelTraining, EveryScheduleTrainsTheBitsOfOneStage) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not installed";
+    fs::path root = scratch_dir();
+    auto trained = [&](const std::string& name, int ranks, const std::string& args) {
+        fs::path dir = root / name;
+        fs::create_directories(dir);
+        Outcome r = run(
+            mpirun(ranks) + tiny_train(dir, short_run + "train.steps=8 train.batch_size=4 checkpoint.dir= " + args),
+            dir);
+        EXPECT_EQ(r.exit_code, 0) << name << ": " << r.err;
+        if (args.find("parallel.pp=") != std::string::npos) {
+            EXPECT_NE(r.out.find("| PP "), std::string::npos) << "the step line shows the stages' transfers";
+        }
+        return std::pair{field(dir / "metrics.jsonl", "loss"), field(dir / "metrics.jsonl", "grad_norm")};
+    };
+    const auto one = trained("one", 1, "train.grad_accum=4");
+    const auto one_dp2 = trained("one_dp2", 2, "train.grad_accum=4 train.batch_size=2");
+    const auto one_accum8 = trained("one_accum8", 1, "train.grad_accum=8");
+    const auto one_t2 = trained("one_t2", 2, "train.grad_accum=4 parallel.tp=2");  // t changes the GEMMs' sums
+    ASSERT_EQ(one.first.size(), 8u);
+    struct Layout {
+        const char* name;
+        int ranks;
+        std::string args;
+        const std::pair<std::vector<std::string>, std::vector<std::string>>& reference;
+    };
+    const Layout layouts[] = {
+        {"pp2", 2, "train.grad_accum=4 parallel.pp=2", one},
+        {"pp4", 4, "train.grad_accum=4 parallel.pp=4", one},
+        {"pp2_t2", 4, "train.grad_accum=4 parallel.pp=2 parallel.tp=2", one_t2},
+        {"pp2_vpp2", 2, "train.grad_accum=4 parallel.pp=2 parallel.vpp=2", one},
+        {"pp2_vpp2_accum8", 2, "train.grad_accum=8 parallel.pp=2 parallel.vpp=2", one_accum8},
+        {"pp2_full_recompute", 2, "train.grad_accum=4 parallel.pp=2 model.recompute=full model.recompute_layers=1",
+         one},
+        {"pp2_dp2_distributed", 4,
+         "train.grad_accum=4 train.batch_size=2 parallel.pp=2 parallel.distributed_optimizer=true "
+         "parallel.overlap_grad_reduce=true parallel.overlap_param_gather=true",
+         one_dp2},
+    };
+    for (const Layout& layout : layouts) {
+        SCOPED_TRACE(layout.name);
+        const auto [losses, norms] = trained(layout.name, layout.ranks, layout.args);
+        EXPECT_EQ(losses, layout.reference.first);
+        EXPECT_EQ(norms, layout.reference.second);
+    }
+}
+
 // Ring attention's transfers: each K/V and dK/dV transfer of the trace
 // overlaps the ring's compute on the same rank, but for each block's last
 // dK/dV hop home, which follows the last compute (one per layer in

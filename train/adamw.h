@@ -124,6 +124,7 @@ inline std::vector<BucketUnit> bucket_units(const std::vector<TensorSpec>& param
         const bool per_block = layered && !parameter_is_replicated(t.name);
         const int64_t slices = layered ? t.shape[0].size : 1;
         const int whole_needed_at = t.name == "lnfw" || t.name == "lnfb" ? layers + 1 : 0;
+        if (t.elements() == 0) continue;  // a tensor this pipeline stage does not hold
         for (int64_t l = 0; l < slices; l++)
             units.push_back({t.elements() / slices, int(i), per_block ? layers - int(l) : layers + 1,
                              layered ? int(l) + 1 : whole_needed_at});

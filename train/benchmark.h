@@ -63,6 +63,7 @@ void run_benchmark(const GPTConfig& config, const RunShape& shape, const BenchOp
         model.zero_grad();
         model.forward(inputs.data(), targets, {1, uint32_t(i), 0});
         model.backward(1.0f / N);
+        model.finish_grads();
         Backend::synchronize();
         return seconds_since(start);
     };

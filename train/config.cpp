@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "common/files.h"
+#include "parallel/pipeline_schedule.h"
 
 namespace tpsp {
 
@@ -201,6 +202,12 @@ const std::vector<Key>& keys() {
                  "shard LayerNorm/dropout/residual along the sequence (SP)"),
         int_key("parallel.cp", [](Config& c) -> int& { return c.parallel.cp; }, 1,
                 "context-parallel size: every sequence cut across cp ranks (world = dp × cp × tp)"),
+        int_key("parallel.pp", [](Config& c) -> int& { return c.parallel.pp; }, 1,
+                "pipeline stages p: the blocks cut into p consecutive parts, 1F1B over train.grad_accum "
+                "micro-batches (world = pp × dp × cp × tp; the CPU backend)"),
+        int_key("parallel.vpp", [](Config& c) -> int& { return c.parallel.vpp; }, 1,
+                "model chunks per pipeline stage: above 1, the interleaved 1F1B schedule (needs pp > 1 and "
+                "train.grad_accum a multiple of pp)"),
         string_key("parallel.cp_comm_type", [](Config& c) -> std::string& { return c.parallel.cp_comm_type; },
                    {"a2a", "p2p"}, "how attention sees the whole sequence: a2a (sp2hp / hp2sp all-to-alls: "
                                    "tp · cp must divide the heads); p2p (ring attention: the K/V blocks go round "
@@ -375,6 +382,22 @@ void validate(const Config& c, const std::string& where) {
                                     std::to_string(c.train.seq_len) + " (2 · cp chunks of positions, cut by tp)");
         if (c.model.attention == "cudnn")
             fail("parallel.cp", "cp > 1 runs the explicit attention kernels only so far (model.attention: explicit)");
+    }
+    if (const std::string error = pipeline_shape_error(
+            {c.parallel.pp, c.parallel.vpp, c.train.grad_accum, c.model.layers});
+        !error.empty()) {
+        const size_t colon = error.find(':');
+        fail(error.substr(0, colon), error.substr(colon + 2));
+    }
+    if (c.parallel.pp > 1) {
+        const char* not_yet = nullptr;  // what a pipeline does not do yet (issue 27)
+        if (c.train.device == "cuda") not_yet = "runs on the CPU backend so far (train.device: cpu)";
+        else if (!c.checkpoint.dir.empty() || !c.checkpoint.resume.empty() || !c.checkpoint.init.empty())
+            not_yet = "saves and loads no checkpoint yet (checkpoint.dir, .resume and .init empty)";
+        else if (c.train.val_every > 0 && !c.data.val.empty()) not_yet = "runs no validation yet (train.val_every: 0)";
+        else if (c.train.hellaswag_every > 0) not_yet = "scores no HellaSwag yet (train.hellaswag_every: 0)";
+        else if (c.logging.sample_every > 0) not_yet = "samples nothing yet (logging.sample_every: 0)";
+        if (not_yet) fail("parallel.pp", std::to_string(c.parallel.pp) + " stages: a pipeline " + not_yet);
     }
     if (c.train.hellaswag_every > 0 && c.data.hellaswag.empty())
         fail("data.hellaswag", "train.hellaswag_every needs the HellaSwag file");

@@ -55,6 +55,11 @@ struct Config {
         // (cp_comm_type a2a) or ring attention (p2p: K/V blocks around the ring).
         int cp = 1;
         std::string cp_comm_type = "a2a";
+        // Pipeline parallelism (docs/design.md §10): the blocks cut into pp
+        // stages, each holding vpp model chunks (vpp > 1: the interleaved
+        // schedule); train.grad_accum micro-batches go through them under 1F1B.
+        int pp = 1;
+        int vpp = 1;
         // Megatron's communication-overlap switches (docs/design.md §4); the master
         // switch off turns every other off.
         bool tp_comm_overlap = false;

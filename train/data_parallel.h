@@ -86,6 +86,7 @@ public:
     // group's own stream).
     void last_backward(float dloss) {
         reduction_.begin();
+        reduction_begun_ = true;
         if (!settings_.overlap_grad_reduce || replicas_.size() == 1) {
             model_.backward(dloss);
             return;
@@ -100,7 +101,10 @@ public:
 
     // The buckets backward did not start start now; the wait for them is
     // exposed. Every element is summed in the same order in every mode.
+    // (A pipeline's step ran no last_backward: every bucket starts here.)
     void reduce_grads() {
+        if (!reduction_begun_) reduction_.begin();
+        reduction_begun_ = false;
         if (replicas_.size() > 1) reduction_.finish();
     }
 
@@ -109,8 +113,9 @@ public:
     // apart), added over the replicas in rank order, then over the buckets in
     // order; the sharded part over the TP group. Where every rank holds the
     // whole reduced gradient it computes every rank's pieces itself: the
-    // same sums.
-    float grad_norm() {
+    // same sums. Under a pipeline, each stage's sum of squares added over the
+    // stages in order (`stages`), the tied wte counted on the first only.
+    float grad_norm(Comm* stages = nullptr) {
         const size_t buckets = buckets_.buckets().size();
         const int replicas = replicas_.size(), me = replicas_.rank();
         const bool own_pieces_only = settings_.distributed_optimizer;
@@ -129,7 +134,9 @@ public:
         double sharded = 0.0, replicated = 0.0;
         for (size_t b = 0; b < buckets; b++) sharded += norm_sums_[2 * b], replicated += norm_sums_[2 * b + 1];
         tp_.all_reduce_sum(&sharded, 1);  // shards add up; replicated tensors count once
-        return float(std::sqrt(sharded + replicated));
+        double squares = sharded + replicated;
+        if (stages) stages->all_reduce_sum(&squares, 1);
+        return float(std::sqrt(squares));
     }
 
     // The distributed optimizer's rank updated its piece of each bucket: every
@@ -152,8 +159,10 @@ private:
     void cut_norm_ranges() {
         std::vector<SquareSumRange> tensors;
         int64_t at = 0;
+        const bool wte_counted_elsewhere = !model_.part.embeddings;  // a pipeline's last stage: the first counts it
         for (const TensorSpec& p : model_.parameter_specs) {
-            tensors.push_back({at, p.elements(), parameter_is_replicated(p.name) ? 1 : 0});
+            if (!(p.name == "wte" && wte_counted_elsewhere))
+                tensors.push_back({at, p.elements(), parameter_is_replicated(p.name) ? 1 : 0});
             at += p.elements();
         }
         norm_ranges_.assign(size_t(buckets_.dp()), {});
@@ -179,6 +188,7 @@ private:
     std::unique_ptr<ParameterGather<Comm>> parameter_gather_;            // with the distributed optimizer
     std::vector<std::vector<std::vector<SquareSumRange>>> norm_ranges_;  // [replica rank][bucket]
     std::vector<double> norm_parts_, norm_sums_;                         // grad_norm's, made once
+    bool reduction_begun_ = false;                                       // by last_backward, this step
 };
 
 }  // namespace tpsp

@@ -21,6 +21,8 @@ struct StepMetrics {
     CommunicationTime dp_comm;  // and how long they took (all exposed: they block, §8)
     CollectiveBytes cp_bytes;   // what the CP group's all-to-alls moved (sp2hp / hp2sp, §9)
     CommunicationTime cp_comm;  // and how long they took (all exposed: they block)
+    CollectiveBytes pp_bytes;   // what this rank received from its neighbouring pipeline stages (§10)
+    CommunicationTime pp_comm;  // and how long the receives took
     float val_loss = NAN;       // NaN where no validation ran at this step
     float hellaswag_acc_norm = NAN, hellaswag_acc = NAN;  // fractions; NaN where HellaSwag was not scored
 };

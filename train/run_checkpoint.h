@@ -221,7 +221,7 @@ void save_run(const std::string& dir, GPTModel<Backend>& model, const AdamWOptim
 template <class Backend>
 void load_weights(GPTModel<Backend>& model, const std::string& path) {
     std::vector<float> shard(static_cast<size_t>(model.num_parameters));
-    read_checkpoint_shard(model.config, model.tp.size, model.tp.rank, path, shard.data());
+    read_checkpoint_shard(model.config, model.tp.size, model.tp.rank, path, shard.data(), &model.part);
     Backend::upload(model.params.wte, shard.data(), shard.size() * sizeof(float));
 }
 
@@ -266,7 +266,7 @@ ResumedRun load_run(const std::string& dir, GPTModel<Backend>& model, AdamWOptim
         in.read(reinterpret_cast<char*>(full.data()), n * 4);
         if (!in) throw FileError(path + ": optimizer state is truncated");
         check_finite_parameters(model.config, full.data(), path, name);
-        copy_parameter_shards(model.config, model.tp.size, model.tp.rank, full.data(), shard.data(),
+        copy_parameter_shards(model.config, model.tp.size, model.tp.rank, model.part, full.data(), shard.data(),
                               ShardDirection::full_to_shard);
         if (opt.sharded()) opt.scatter_moment(shard.data(), moment);
         else Backend::upload(moment, shard.data(), shard.size() * sizeof(float));

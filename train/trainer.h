@@ -22,6 +22,7 @@
 #include "train/data_parallel.h"
 #include "train/hellaswag.h"
 #include "train/metrics.h"
+#include "train/pipeline_step.h"
 #include "train/run_checkpoint.h"
 #include "train/run_directory.h"
 
@@ -58,6 +59,9 @@ private:
     void log(const StepMetrics& m, bool last);
     void sample(int done);  // a short text from the model (rank 0 prints)
     void save(int done);    // checkpoint.dir: model, state, latest
+    void exchange_embedding_grads();
+    std::string pipeline_text()
+        const;  // the grid line's pipeline part  // a pipeline's first and last stage: wte's two gradient sums
     void write_trace();
 
     const Config& cfg_;
@@ -69,11 +73,13 @@ private:
     std::unique_ptr<typename Backend::Runtime> runtime_;  // the GPU this rank drives, on CUDA
     std::unique_ptr<Comm> tp_comm_, dp_comm_;             // the model's and the gradients' (dp × cp) groups
     std::unique_ptr<Comm> cp_comm_;                       // context parallelism's, where cp > 1
+    std::unique_ptr<Comm> pp_comm_;                       // this rank's pipeline (its stages), where pp > 1
     std::unique_ptr<Comm> dp_gather_comm_;  // the DP group again, for the gradients' all-gathers (not on NCCL)
     std::unique_ptr<TokenLoader> train_loader_, val_loader_;
     std::unique_ptr<GPTModel<Backend>> model_;
     std::unique_ptr<AdamWOptimizer<Backend>> optimizer_;
     std::unique_ptr<DataParallelStep<Backend>> data_parallel_;  // the gradients' buckets, their sum, the norm
+    std::unique_ptr<PipelineStep<Backend>> pipeline_;           // the stage's schedule, where pp > 1
     std::unique_ptr<ShardGatherer<Backend>> gatherer_;          // for checkpoints and samples
     std::unique_ptr<Generator> sampler_;
     std::vector<std::string> token_text_;      // what each token prints as, for samples

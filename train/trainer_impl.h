@@ -183,12 +183,13 @@ template <class Backend>
 void Trainer<Backend>::open_data() {
     int world;
     MPI_Comm_size(MPI_COMM_WORLD, &world);
-    const int tp = cfg_.parallel.tp, cp = cfg_.parallel.cp;
-    if (world % (tp * cp) != 0)
-        throw ConfigError(
-            (cp > 1 ? "parallel.cp: tp · cp = " + std::to_string(tp * cp) : "parallel.tp: " + std::to_string(tp)) +
-            " does not divide the " + std::to_string(world) + " ranks launched");
-    grid_ = make_process_grid(tp, cp);
+    const int tp = cfg_.parallel.tp, cp = cfg_.parallel.cp, pp = cfg_.parallel.pp;
+    if (world % (tp * cp * pp) != 0)
+        throw ConfigError((pp > 1   ? "parallel.pp: pp · cp · tp = " + std::to_string(pp * cp * tp)
+                           : cp > 1 ? "parallel.cp: tp · cp = " + std::to_string(tp * cp)
+                                    : "parallel.tp: " + std::to_string(tp)) +
+                          " does not divide the " + std::to_string(world) + " ranks launched");
+    grid_ = make_process_grid(tp, cp, pp);
     train_loader_ = std::make_unique<TokenLoader>(cfg_.data.train, shape_.batch, shape_.seq_len, grid_.dp_rank,
                                                   grid_.dp, gpt_.vocab_size);
     if (!cfg_.data.val.empty() && cfg_.train.val_every > 0) {
@@ -218,9 +219,11 @@ void Trainer<Backend>::build() {
     // the gradients' and the optimizer's group: every rank holding these parameters (dp × cp)
     dp_comm_ = Backend::make_group(*grid_.replica_group.mpi());
     if (grid_.cp > 1) cp_comm_ = Backend::make_group(*grid_.cp_group.mpi());
+    if (grid_.pp > 1) pp_comm_ = Backend::make_group(*grid_.stage_group.mpi());
     tp_comm_->link = {cfg_.parallel.emulated_link_gbps, cfg_.parallel.emulated_link_latency_us};
     dp_comm_->link = tp_comm_->link;  // the one link every group's transfers cross
     if (cp_comm_) cp_comm_->link = tp_comm_->link;
+    if (pp_comm_) pp_comm_->link = tp_comm_->link;
     if constexpr (!Comm::runs_in_enqueue_order) {
         MPI_Comm gathers;  // the all-gathers start in an order of their own (parallel/dp_reduction.h)
         MPI_Comm_dup(*grid_.replica_group.mpi(), &gathers);
@@ -232,6 +235,7 @@ void Trainer<Backend>::build() {
         tracer_.fence = Backend::synchronize;  // on a GPU the spans then time the kernels, not their launches
         tp_comm_->tracer = &tracer_;
         if (cp_comm_) cp_comm_->tracer = &tracer_;  // on the TP row: both are the model's own transfers
+        if (pp_comm_) pp_comm_->tracer = &tracer_;
         for (Comm* dp : {dp_comm_.get(), dp_gather_comm_.get()})
             if (dp) {
                 dp->tracer = &tracer_;
@@ -241,8 +245,13 @@ void Trainer<Backend>::build() {
     const TensorParallelism tp{grid_.tp, grid_.tp_rank, cfg_.parallel.sequence_parallel, cfg_.overlap()};
     RunShape rank_shape = shape_;  // under CP the model holds s/cp positions of each sequence (§9)
     rank_shape.seq_len = shape_.seq_len / grid_.cp;
+    const PipelineShape pipeline{grid_.pp, cfg_.parallel.vpp, cfg_.train.grad_accum, gpt_.num_layers};
     model_ = std::make_unique<GPTModel<Backend>>(gpt_, rank_shape, tp, tp_comm_.get(), cp_comm_.get(),
-                                                 cfg_.parallel.cp_comm_type == "p2p");
+                                                 cfg_.parallel.cp_comm_type == "p2p",
+                                                 grid_.pp > 1 ? pipeline_part(pipeline, grid_.pp_rank) : ModelPart{});
+    if constexpr (std::is_same_v<Comm, Communicator>) {  // the CPU backend (config.cpp refuses pp > 1 on CUDA)
+        if (grid_.pp > 1) pipeline_ = std::make_unique<PipelineStep<Backend>>(*model_, *pp_comm_, pipeline);
+    }
     const Config::Parallel& parallel = cfg_.parallel;
     data_parallel_ = std::make_unique<DataParallelStep<Backend>>(
         *model_, *dp_comm_, dp_gather_comm_ ? *dp_gather_comm_ : *dp_comm_, *tp_comm_,
@@ -396,6 +405,19 @@ void Trainer<Backend>::check_files_apart() const {
                               ck.dir + ") writes and removes: move it out, or choose another checkpoint.dir");
 }
 
+// "pp 2 (1F1B) × ", "pp 2 (interleaved, vpp 2) × ", or nothing without a pipeline
+template <class Backend>
+std::string Trainer<Backend>::pipeline_text() const {
+    if (grid_.pp == 1) return "";
+    const std::string schedule = cfg_.parallel.vpp > 1 ? "interleaved 1F1B, vpp " + std::to_string(cfg_.parallel.vpp)
+                                                       : std::string("1F1B");
+    std::string text = "pp ";
+    text += std::to_string(grid_.pp);
+    text += " (" + schedule;
+    text += ") × ";
+    return text;
+}
+
 template <class Backend>
 void Trainer<Backend>::print_header() const {
     if (grid_.world_rank != 0) return;
@@ -404,9 +426,9 @@ void Trainer<Backend>::print_header() const {
     const GPTConfig& g = gpt_;
     std::printf(
         "model: L=%d a=%d h=%d V=%d (Vp %d) | %.2fM parameters | b=%d s=%d accum=%d | "
-        "ranks %d = dp %d × %stp %d%s%s | %s, %d threads per rank | %s %.1f GFLOP/s\n",
+        "ranks %d = %sdp %d × %stp %d%s%s | %s, %d threads per rank | %s %.1f GFLOP/s\n",
         g.num_layers, g.num_heads, g.channels, g.vocab_size, g.padded_vocab_size, full_parameter_count(g) / 1e6,
-        shape_.batch, shape_.seq_len, cfg_.train.grad_accum, grid_.world_size, grid_.dp,
+        shape_.batch, shape_.seq_len, cfg_.train.grad_accum, grid_.world_size, pipeline_text().c_str(), grid_.dp,
         grid_.cp > 1 ? ("cp " + std::to_string(grid_.cp) + " (" + cfg_.parallel.cp_comm_type + ") × ").c_str() : "",
         grid_.tp, grid_.tp > 1 ? (cfg_.parallel.sequence_parallel ? " (TP+SP)" : " (TP only)") : "",
         optimizer_->sharded() ? " (distributed optimizer)"
@@ -531,26 +553,35 @@ StepMetrics Trainer<Backend>::train_step(int step) {
     model.zero_grad();
     tp_comm_->bytes = {};
     tp_comm_->time = {};
-    for (Comm* group : {dp_comm_.get(), dp_gather_comm_.get(), cp_comm_.get()})
+    for (Comm* group : {dp_comm_.get(), dp_gather_comm_.get(), cp_comm_.get(), pp_comm_.get()})
         if (group) group->bytes = {}, group->time = {};
     const float dloss = 1.0f / float(tokens_per_step_);
     double loss = 0.0;
-    for (int micro = 0; micro < cfg_.train.grad_accum; micro++) {
+    auto draw = [&](int micro) {
+        return DropoutStep{cfg_.train.seed, uint32_t(step), (int64_t(micro) * grid_.dp + grid_.dp_rank) * shape_.batch};
+    };
+    if constexpr (std::is_same_v<Comm, Communicator>) {  // a pipeline runs on the CPU backend so far
+        if (pipeline_) {
+            data_parallel_->parameters_ready();
+            loss = pipeline_->run(inputs_.data(), targets_.data(), size_t(shape_.batch) * shape_.seq_len, draw, dloss);
+            exchange_embedding_grads();
+        }
+    }
+    for (int micro = 0; micro < (pipeline_ ? 0 : cfg_.train.grad_accum); micro++) {
         const size_t at = size_t(micro) * shape_.batch * shape_.seq_len;  // read_step_batches put it there
-        const DropoutStep draw{cfg_.train.seed, uint32_t(step),
-                               (int64_t(micro) * grid_.dp + grid_.dp_rank) * shape_.batch};
         const int* inputs = inputs_.data() + at;
         const int* targets = targets_.data() + at;
-        loss += micro == 0 ? data_parallel_->first_forward(inputs, targets, draw)
-                           : model.forward(inputs, targets, draw);
+        loss += micro == 0 ? data_parallel_->first_forward(inputs, targets, draw(micro))
+                           : model.forward(inputs, targets, draw(micro));
         if (micro + 1 == cfg_.train.grad_accum) data_parallel_->last_backward(dloss);
         else model.backward(dloss);
     }
-    model.reduce_replicated_grads();
+    model.finish_grads();
     data_parallel_->reduce_grads();
-    dp_comm_->all_reduce_sum(&loss, 1);  // each CP rank's loss is already its replica's
+    dp_comm_->all_reduce_sum(&loss, 1);                // each CP rank's loss is already its replica's
+    if (pp_comm_) pp_comm_->all_reduce_sum(&loss, 1);  // the last stage's, to every stage
     loss /= double(cfg_.train.grad_accum) * grid_.replicas;
-    const float norm = data_parallel_->grad_norm();
+    const float norm = data_parallel_->grad_norm(pp_comm_.get());
     // every rank decides alike: a non-finite step is not applied; a caught signal stops the run after this step
     int verdict[2] = {std::isfinite(loss) && std::isfinite(norm) ? 0 : 1, stop_signal_caught()};
     all_reduce_ints(verdict, 2, MPI_MAX, MPI_COMM_WORLD, "agreement on the step");
@@ -577,12 +608,34 @@ StepMetrics Trainer<Backend>::train_step(int step) {
     m.dp_bytes = dp_comm_->bytes;
     m.dp_comm = dp_comm_->time;
     if (cp_comm_) m.cp_bytes = cp_comm_->bytes, m.cp_comm = cp_comm_->time;
+    if (pp_comm_) m.pp_bytes = pp_comm_->bytes, m.pp_comm = pp_comm_->time;
     if (dp_gather_comm_) {
         m.dp_bytes.all_gather += dp_gather_comm_->bytes.all_gather;
         m.dp_comm.total += dp_gather_comm_->time.total;
         m.dp_comm.exposed += dp_gather_comm_->time.exposed;
     }
     return m;
+}
+
+// The tied wte's two gradient sums (GPTModel::add_embedding_grad) meet: the
+// first stage holds the embedding lookup's, the last the LM head's; each
+// sends its own and takes the other's, so that both add the same two.
+template <class Backend>
+void Trainer<Backend>::exchange_embedding_grads() {
+    if constexpr (std::is_same_v<Comm, Communicator>) {
+        GPTModel<Backend>& model = *model_;
+        if (!model.part.holds_wte()) return;
+        const size_t count = model.embedding_grad_arena.bytes() / sizeof(float);
+        const bool first = model.part.embeddings;
+        const int other = first ? grid_.pp - 1 : 0;
+        // the first stage's grads.wte has no LM head share (zero): the head's arrives there
+        float* own = first ? model.embedding_grad : model.grads.wte;
+        float* theirs = first ? model.grads.wte : model.embedding_grad;
+        typename Comm::Transfer sent = pp_comm_->start_send(own, count, other, 0);
+        typename Comm::Transfer received = pp_comm_->start_receive(theirs, count, other, 0, "tied wte gradients");
+        pp_comm_->wait(received);
+        pp_comm_->wait(sent);
+    }
 }
 
 template <class Backend>
@@ -617,6 +670,9 @@ void Trainer<Backend>::log(const StepMetrics& m, bool last) {
             std::printf(" | CP %s %.1f MB | CP comm %.1f ms, exposed %.1f ms", model_->cp.ring ? "P2P" : "A2A",
                         (m.cp_bytes.all_to_all + m.cp_bytes.ring) / 1e6, m.cp_comm.total * 1e3,
                         m.cp_comm.exposed * 1e3);
+        if (grid_.pp > 1)
+            std::printf(" | PP %.1f MB | PP comm %.1f ms, exposed %.1f ms", m.pp_bytes.pipeline / 1e6,
+                        m.pp_comm.total * 1e3, m.pp_comm.exposed * 1e3);
         if (grid_.replicas > 1)
             std::printf(" | DP RS %.1f AG %.1f MB | DP comm %.1f ms, exposed %.1f ms", m.dp_bytes.reduce_scatter / 1e6,
                         m.dp_bytes.all_gather / 1e6, m.dp_comm.total * 1e3, m.dp_comm.exposed * 1e3);

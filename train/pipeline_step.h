@@ -1,0 +1,164 @@
+// One training step's forwards and backwards on a pipeline stage
+// (docs/design.md §10): the stage's schedule (parallel/pipeline_schedule.h)
+// run action by action, each forward's output sent to the stage holding the
+// next model chunk and each backward's input gradient to the one holding the
+// previous, as [s/t, b, h]: the SP shard of the boundary, TP rank to the same
+// TP rank.
+//
+// Sends never wait: each goes out from a buffer of its own, taken from a pool
+// that keeps a buffer until its send is complete (the pool grows in the first
+// step to what the schedule needs). Receives are posted one action ahead and
+// waited for when the action needs them. So a stage waits only for data that
+// another stage's schedule sends before it needs anything back, which the
+// schedules' simulation (tests/test_pipeline.cpp) proves always arrives.
+// Between the GEMM tiles every transfer in flight is moved on (Open MPI
+// moves a transfer only inside MPI calls).
+#pragma once
+#include <cstddef>
+#include <memory>
+#include <vector>
+
+#include "model/gpt.h"
+#include "parallel/overlap.h"
+#include "parallel/pipeline_schedule.h"
+
+namespace tpsp {
+
+template <class Backend>
+class PipelineStep {
+public:
+    using Comm = typename Backend::Comm;
+    using Act = typename Backend::Act;
+    using Transfer = typename Comm::Transfer;
+
+    // stages: this rank's pipeline (the same dp, cp and tp index), rank = stage
+    PipelineStep(GPTModel<Backend>& model, Comm& stages, const PipelineShape& shape)
+        : model_(model), stages_(stages), shape_(shape), stage_(stages.rank()),
+          schedule_(pipeline_schedule(shape, stage_)),
+          rows_(size_t(model.tp.local_seq(model.shape.seq_len)) * model.shape.batch * model.config.channels) {
+        for (Received& r : received_) r.data.assign(rows_, Act{});
+    }
+
+    // The step's micro-batches: inputs and targets of micro-batch j at
+    // j · micro_elements, its dropout draw draw(j). Returns the sum of the
+    // micro-batches' mean losses on the stage holding the head, 0 elsewhere.
+    template <class Draw>
+    double run(const int* inputs, const int* targets, size_t micro_elements, const Draw& draw, float dloss) {
+        double loss = 0.0;
+        background_transfers.move_on = [this] { return move_on(); };
+        post_receive(0);
+        for (size_t a = 0; a < schedule_.size(); a++) {
+            post_receive(a + 1);
+            const PipelineAction& action = schedule_[a];
+            const int set = action.micro_batch % model_.part.in_flight[size_t(action.chunk)];
+            const Act* input = wait_received(a);
+            if (action.kind == PipelineAction::forward) {
+                const size_t at = size_t(action.micro_batch) * micro_elements;
+                const bool sends = !shape_.last_in_model(stage_, action.chunk);
+                Act* output = sends ? send_buffer() : nullptr;
+                loss += model_.forward_chunk(action.chunk, set, inputs + at, targets + at, draw(action.micro_batch),
+                                             input, output);
+                if (sends) send(output, next_stage(), tag(action, next_model_chunk(action)));
+            } else {
+                const bool sends = !shape_.first_in_model(stage_, action.chunk);
+                Act* input_grad = sends ? send_buffer() : nullptr;
+                model_.backward_chunk(action.chunk, set, dloss, input, input_grad);
+                if (sends) send(input_grad, previous_stage(), tag(action, previous_model_chunk(action)));
+            }
+        }
+        for (std::unique_ptr<Sent>& s : sent_)
+            if (s->in_flight) stages_.wait(s->transfer), s->in_flight = false;
+        background_transfers = {};
+        return loss;
+    }
+
+private:
+    struct Sent {
+        std::vector<Act> data;
+        Transfer transfer;
+        bool in_flight = false;
+    };
+    struct Received {
+        std::vector<Act> data;
+        Transfer transfer;
+        size_t action = size_t(-1);  // the action it is for
+    };
+
+    int next_stage() const { return (stage_ + 1) % shape_.stages; }
+    int previous_stage() const { return (stage_ - 1 + shape_.stages) % shape_.stages; }
+    int model_chunk(const PipelineAction& a) const { return shape_.model_chunk(stage_, a.chunk); }
+    int next_model_chunk(const PipelineAction& a) const { return model_chunk(a) + 1; }
+    int previous_model_chunk(const PipelineAction& a) const { return model_chunk(a) - 1; }
+    // a message's tag: its direction, the model chunk it goes to, its micro-batch
+    int tag(const PipelineAction& a, int to_model_chunk) const {
+        return ((a.micro_batch * shape_.stages * shape_.chunks + to_model_chunk) * 2 +
+                (a.kind == PipelineAction::backward ? 1 : 0));
+    }
+    // whether action a waits for a message: a forward not of the model's first chunk, a backward not of its last
+    bool receives(size_t a) const {
+        if (a >= schedule_.size()) return false;
+        const PipelineAction& action = schedule_[a];
+        return action.kind == PipelineAction::forward ? !shape_.first_in_model(stage_, action.chunk)
+                                                      : !shape_.last_in_model(stage_, action.chunk);
+    }
+
+    void post_receive(size_t a) {
+        if (!receives(a)) return;
+        Received& r = received_[a % 2];
+        r.action = a;
+        const PipelineAction& action = schedule_[a];
+        const bool forward = action.kind == PipelineAction::forward;
+        r.transfer = stages_.start_receive(r.data.data(), rows_, forward ? previous_stage() : next_stage(),
+                                           tag(action, model_chunk(action)),
+                                           forward ? "pipeline receive (forward)" : "pipeline receive (backward)");
+        stages_.bytes.pipeline += int64_t(rows_ * sizeof(Act));
+    }
+
+    const Act* wait_received(size_t a) {
+        if (!receives(a)) return nullptr;
+        Received& r = received_[a % 2];
+        stages_.wait(r.transfer);
+        return r.data.data();
+    }
+
+    // a buffer whose send is complete, or a new one
+    Act* send_buffer() {
+        for (std::unique_ptr<Sent>& s : sent_)
+            if (!s->in_flight || stages_.test(s->transfer)) {
+                s->in_flight = false;
+                return s->data.data();
+            }
+        sent_.push_back(std::make_unique<Sent>());
+        sent_.back()->data.assign(rows_, Act{});
+        return sent_.back()->data.data();
+    }
+
+    void send(Act* data, int peer, int message_tag) {
+        for (std::unique_ptr<Sent>& s : sent_)
+            if (s->data.data() == data) {
+                s->transfer = stages_.start_send(data, rows_, peer, message_tag);
+                s->in_flight = true;
+            }
+    }
+
+    // between GEMM tiles: every receive and send in flight moved on
+    bool move_on() {
+        bool in_flight = false;
+        for (Received& r : received_)
+            if (r.transfer.active) in_flight |= !stages_.test(r.transfer);
+        for (std::unique_ptr<Sent>& s : sent_)
+            if (s->in_flight) in_flight |= !stages_.test(s->transfer);
+        return in_flight;
+    }
+
+    GPTModel<Backend>& model_;
+    Comm& stages_;
+    PipelineShape shape_;
+    int stage_;
+    std::vector<PipelineAction> schedule_;
+    size_t rows_;  // elements of one boundary tensor, [s/t, b, h]
+    Received received_[2];
+    std::vector<std::unique_ptr<Sent>> sent_;
+};
+
+}  // namespace tpsp
