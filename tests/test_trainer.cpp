@@ -497,37 +497,50 @@ TEST(ContextParallelTraining, LossesAtCpTwoAndFourEqualOneRank) {
     }
 }
 
+// A file's bytes, to compare two checkpoints whole.
+static std::string file_bytes(const fs::path& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
 // Pipeline parallelism (docs/design.md §10) trains the bits of one stage:
 // each stage accumulates its micro-batches' gradients in the same order, the
 // tied wte's two sums (the LM head's and the lookup's) are added once, after
 // the step's last backward, on every layout alike, and the dropout masks
 // are keyed by global block. Losses and gradient norms are compared as the
-// metrics file writes them (the shortest text that round-trips): equal bits.
+// metrics file writes them (the shortest text that round-trips), and the
+// weights and AdamW's moments after 8 steps as the checkpoint holds them,
+// byte for byte.
 TEST(PipelineParallelTraining, EveryScheduleTrainsTheBitsOfOneStage) {
     if (!have_mpirun()) GTEST_SKIP() << "mpirun not installed";
     fs::path root = scratch_dir();
+    struct Trained {
+        std::vector<std::string> losses, norms;
+        std::string model, state;  // step 8's files
+    };
     auto trained = [&](const std::string& name, int ranks, const std::string& args) {
         fs::path dir = root / name;
         fs::create_directories(dir);
-        Outcome r = run(
-            mpirun(ranks) + tiny_train(dir, short_run + "train.steps=8 train.batch_size=4 checkpoint.dir= " + args),
-            dir);
+        Outcome r = run(mpirun(ranks) + tiny_train(dir, short_run + "train.steps=8 train.batch_size=4 " + args), dir);
         EXPECT_EQ(r.exit_code, 0) << name << ": " << r.err;
         if (args.find("parallel.pp=") != std::string::npos) {
             EXPECT_NE(r.out.find("| PP "), std::string::npos) << "the step line shows the stages' transfers";
         }
-        return std::pair{field(dir / "metrics.jsonl", "loss"), field(dir / "metrics.jsonl", "grad_norm")};
+        return Trained{field(dir / "metrics.jsonl", "loss"), field(dir / "metrics.jsonl", "grad_norm"),
+                       file_bytes(dir / "ckpt" / "model_00000008.bin"),
+                       file_bytes(dir / "ckpt" / "state_00000008.bin")};
     };
-    const auto one = trained("one", 1, "train.grad_accum=4");
-    const auto one_dp2 = trained("one_dp2", 2, "train.grad_accum=4 train.batch_size=2");
-    const auto one_accum8 = trained("one_accum8", 1, "train.grad_accum=8");
-    const auto one_t2 = trained("one_t2", 2, "train.grad_accum=4 parallel.tp=2");  // t changes the GEMMs' sums
-    ASSERT_EQ(one.first.size(), 8u);
+    const Trained one = trained("one", 1, "train.grad_accum=4");
+    const Trained one_dp2 = trained("one_dp2", 2, "train.grad_accum=4 train.batch_size=2");
+    const Trained one_accum8 = trained("one_accum8", 1, "train.grad_accum=8");
+    const Trained one_t2 = trained("one_t2", 2, "train.grad_accum=4 parallel.tp=2");  // t changes the GEMMs' sums
+    ASSERT_EQ(one.losses.size(), 8u);
+    ASSERT_FALSE(one.model.empty());
     struct Layout {
         const char* name;
         int ranks;
         std::string args;
-        const std::pair<std::vector<std::string>, std::vector<std::string>>& reference;
+        const Trained& reference;
     };
     const Layout layouts[] = {
         {"pp2", 2, "train.grad_accum=4 parallel.pp=2", one},
@@ -544,9 +557,52 @@ TEST(PipelineParallelTraining, EveryScheduleTrainsTheBitsOfOneStage) {
     };
     for (const Layout& layout : layouts) {
         SCOPED_TRACE(layout.name);
-        const auto [losses, norms] = trained(layout.name, layout.ranks, layout.args);
-        EXPECT_EQ(losses, layout.reference.first);
-        EXPECT_EQ(norms, layout.reference.second);
+        const Trained run = trained(layout.name, layout.ranks, layout.args);
+        EXPECT_EQ(run.losses, layout.reference.losses);
+        EXPECT_EQ(run.norms, layout.reference.norms);
+        EXPECT_TRUE(run.model == layout.reference.model) << "the weights after 8 steps differ";
+        EXPECT_TRUE(run.state == layout.reference.state) << "AdamW's moments after 8 steps differ";
+    }
+}
+
+// A checkpoint of a pipeline holds the whole model and its whole optimizer
+// state: saved at pp = 2, it resumes at pp = 1, at pp = 4 and interleaved
+// (the same bits as the run never stopped: its step 8 files, byte for byte)
+// and at another t (the next losses within 1e-5).
+TEST(PipelineParallelTraining, ACheckpointSavedAtTwoStagesResumesAtOneFourInterleavedAndAnotherT) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not installed";
+    fs::path root = scratch_dir(), whole = root / "whole", cut = root / "cut";
+    const std::string args = short_run + "train.steps=8 train.batch_size=4 train.grad_accum=4 ";
+    fs::create_directories(whole);
+    ASSERT_EQ(run(mpirun(1) + tiny_train(whole, args), whole).exit_code, 0);
+    fs::create_directories(cut);
+    Outcome saved = run(mpirun(2) + tiny_train(cut, args + "train.steps=4 parallel.pp=2"), cut);
+    ASSERT_EQ(saved.exit_code, 0) << saved.err;
+    const std::vector<std::string> reference = field(whole / "metrics.jsonl", "loss");
+    ASSERT_EQ(reference.size(), 8u);
+    for (auto [ranks, layout] :
+         {std::pair{1, "parallel.pp=1"}, std::pair{4, "parallel.pp=4"}, std::pair{2, "parallel.pp=2 parallel.vpp=2"},
+          std::pair{4, "parallel.pp=2 parallel.tp=2"}}) {
+        SCOPED_TRACE(layout);
+        fs::path dir = root / ("resumed_" + std::to_string(ranks) + "_" + std::to_string(std::string(layout).size()));
+        fs::create_directories(dir);
+        fs::copy(cut / "ckpt", dir / "ckpt");
+        Outcome r = run(
+            mpirun(ranks) + tiny_train(dir, args + layout + " checkpoint.resume=" + (dir / "ckpt").string()), dir);
+        ASSERT_EQ(r.exit_code, 0) << r.err;
+        const std::vector<std::string> tail = field(dir / "metrics.jsonl", "loss");
+        ASSERT_EQ(tail.size(), 4u);
+        const bool same_t = std::string(layout).find("parallel.tp=2") == std::string::npos;
+        for (int i = 0; i < 4; i++) {
+            if (same_t) EXPECT_EQ(tail[size_t(i)], reference[size_t(4 + i)]) << "step " << 5 + i;
+            else EXPECT_NEAR(std::stod(tail[size_t(i)]), std::stod(reference[size_t(4 + i)]), 1e-5) << "step " << 5 + i;
+        }
+        if (same_t) {
+            EXPECT_TRUE(file_bytes(dir / "ckpt" / "model_00000008.bin") ==
+                        file_bytes(whole / "ckpt" / "model_00000008.bin"));
+            EXPECT_TRUE(file_bytes(dir / "ckpt" / "state_00000008.bin") ==
+                        file_bytes(whole / "ckpt" / "state_00000008.bin"));
+        }
     }
 }
 

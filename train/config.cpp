@@ -392,11 +392,7 @@ void validate(const Config& c, const std::string& where) {
     if (c.parallel.pp > 1) {
         const char* not_yet = nullptr;  // what a pipeline does not do yet (issue 27)
         if (c.train.device == "cuda") not_yet = "runs on the CPU backend so far (train.device: cpu)";
-        else if (!c.checkpoint.dir.empty() || !c.checkpoint.resume.empty() || !c.checkpoint.init.empty())
-            not_yet = "saves and loads no checkpoint yet (checkpoint.dir, .resume and .init empty)";
-        else if (c.train.val_every > 0 && !c.data.val.empty()) not_yet = "runs no validation yet (train.val_every: 0)";
         else if (c.train.hellaswag_every > 0) not_yet = "scores no HellaSwag yet (train.hellaswag_every: 0)";
-        else if (c.logging.sample_every > 0) not_yet = "samples nothing yet (logging.sample_every: 0)";
         if (not_yet) fail("parallel.pp", std::to_string(c.parallel.pp) + " stages: a pipeline " + not_yet);
     }
     if (c.train.hellaswag_every > 0 && c.data.hellaswag.empty())

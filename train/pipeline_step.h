@@ -44,12 +44,29 @@ public:
     // micro-batches' mean losses on the stage holding the head, 0 elsewhere.
     template <class Draw>
     double run(const int* inputs, const int* targets, size_t micro_elements, const Draw& draw, float dloss) {
+        return run_actions(schedule_, inputs, targets, micro_elements, draw, dloss, true);
+    }
+
+    // One batch through every model chunk, forward only and without dropout
+    // (validation): its mean loss on the stage holding the head, 0 elsewhere.
+    double forward_only(const int* inputs, const int* targets) {
+        std::vector<PipelineAction> forwards;
+        for (int c = 0; c < shape_.chunks; c++) forwards.push_back({PipelineAction::forward, c, 0});
+        return run_actions(
+            forwards, inputs, targets, 0, [](int) { return DropoutStep{}; }, 0.0f, false);
+    }
+
+private:
+    template <class Draw>
+    double run_actions(const std::vector<PipelineAction>& actions, const int* inputs, const int* targets,
+                       size_t micro_elements, const Draw& draw, float dloss, bool training) {
+        actions_ = &actions;
         double loss = 0.0;
         background_transfers.move_on = [this] { return move_on(); };
         post_receive(0);
-        for (size_t a = 0; a < schedule_.size(); a++) {
+        for (size_t a = 0; a < actions.size(); a++) {
             post_receive(a + 1);
-            const PipelineAction& action = schedule_[a];
+            const PipelineAction& action = actions[a];
             const int set = action.micro_batch % model_.part.in_flight[size_t(action.chunk)];
             const Act* input = wait_received(a);
             if (action.kind == PipelineAction::forward) {
@@ -57,7 +74,7 @@ public:
                 const bool sends = !shape_.last_in_model(stage_, action.chunk);
                 Act* output = sends ? send_buffer() : nullptr;
                 loss += model_.forward_chunk(action.chunk, set, inputs + at, targets + at, draw(action.micro_batch),
-                                             input, output);
+                                             input, output, training);
                 if (sends) send(output, next_stage(), tag(action, next_model_chunk(action)));
             } else {
                 const bool sends = !shape_.first_in_model(stage_, action.chunk);
@@ -72,7 +89,6 @@ public:
         return loss;
     }
 
-private:
     struct Sent {
         std::vector<Act> data;
         Transfer transfer;
@@ -96,8 +112,8 @@ private:
     }
     // whether action a waits for a message: a forward not of the model's first chunk, a backward not of its last
     bool receives(size_t a) const {
-        if (a >= schedule_.size()) return false;
-        const PipelineAction& action = schedule_[a];
+        if (a >= actions_->size()) return false;
+        const PipelineAction& action = (*actions_)[a];
         return action.kind == PipelineAction::forward ? !shape_.first_in_model(stage_, action.chunk)
                                                       : !shape_.last_in_model(stage_, action.chunk);
     }
@@ -106,7 +122,7 @@ private:
         if (!receives(a)) return;
         Received& r = received_[a % 2];
         r.action = a;
-        const PipelineAction& action = schedule_[a];
+        const PipelineAction& action = (*actions_)[a];
         const bool forward = action.kind == PipelineAction::forward;
         r.transfer = stages_.start_receive(r.data.data(), rows_, forward ? previous_stage() : next_stage(),
                                            tag(action, model_chunk(action)),
@@ -155,8 +171,9 @@ private:
     Comm& stages_;
     PipelineShape shape_;
     int stage_;
-    std::vector<PipelineAction> schedule_;
-    size_t rows_;  // elements of one boundary tensor, [s/t, b, h]
+    std::vector<PipelineAction> schedule_;                  // the training step's
+    const std::vector<PipelineAction>* actions_ = nullptr;  // those running now
+    size_t rows_;                                           // elements of one boundary tensor, [s/t, b, h]
     Received received_[2];
     std::vector<std::unique_ptr<Sent>> sent_;
 };

@@ -70,16 +70,21 @@ inline std::string step_file(const std::string& dir, const char* stem, int step)
     return dir + name;
 }
 
-// Assembles the whole model's tensor from the shards of one TP group, on the host.
+// Assembles the whole model's tensor from the shards of one TP group, on the
+// host, and under a pipeline from every stage's part: each stage's TP rank 0
+// of replica 0 assembles its part, and world rank 0 (stage 0's) receives the
+// others' in stage order. stage_parts: every stage's part (pipeline_part),
+// empty without a pipeline.
 template <class Backend>
 class ShardGatherer {
 public:
-    ShardGatherer(const GPTModel<Backend>& model, ProcessGrid& grid)
-        : model_(model), grid_(grid), full_(size_t(full_parameter_count(model.config))),
-          local_(size_t(model.num_parameters)), shards_(size_t(model.num_parameters) * grid.tp) {}
+    ShardGatherer(const GPTModel<Backend>& model, ProcessGrid& grid, std::vector<ModelPart> stage_parts = {})
+        : model_(model), grid_(grid), stage_parts_(std::move(stage_parts)),
+          full_(size_t(full_parameter_count(model.config))), local_(size_t(model.num_parameters)),
+          shards_(size_t(model.num_parameters) * grid.tp) {}
     // Where gather() assembles the whole model (the same buffer every time).
     const float* full() const { return full_.data(); }
-    // Collective over the TP group of dp rank 0; the result is valid on world rank 0.
+    // Collective over the TP group of replica 0 of every stage; the result is valid on world rank 0.
     // local: this rank's shard, in the backend's memory.
     const float* gather(const float* local) {
         Backend::download(local_.data(), local, local_.size() * sizeof(float));
@@ -89,17 +94,39 @@ public:
     float* local() { return local_.data(); }
     const float* gather_local() {
         grid_.tp_group.gather(local_.data(), shards_.data(), size_t(model_.num_parameters), 0);
-        if (grid_.tp_rank == 0)
-            for (int r = 0; r < grid_.tp; r++)
-                copy_parameter_shards(model_.config, grid_.tp, r, full_.data(),
-                                      shards_.data() + size_t(r) * model_.num_parameters,
-                                      ShardDirection::shard_to_full);
+        if (grid_.tp_rank != 0) return full_.data();
+        for (int r = 0; r < grid_.tp; r++)
+            copy_parameter_shards(model_.config, grid_.tp, r, model_.part, full_.data(),
+                                  shards_.data() + size_t(r) * model_.num_parameters, ShardDirection::shard_to_full);
+        if (grid_.pp > 1) gather_stages();
         return full_.data();
     }
 
 private:
+    // stage q's part of its full_, into stage 0's (the tied wte: the last stage's copy is the same bits)
+    void gather_stages() {
+        Communicator& stages = grid_.stage_group;
+        const size_t n = full_.size();
+        if (grid_.pp_rank != 0) {
+            Communicator::Transfer sent = stages.start_send(full_.data(), n, 0, 0);
+            stages.wait(sent);
+            return;
+        }
+        std::vector<float> theirs(n), part;
+        for (int q = 1; q < grid_.pp; q++) {
+            Communicator::Transfer received = stages.start_receive(theirs.data(), n, q, 0, "checkpoint gather");
+            stages.wait(received);
+            const ModelPart& p = stage_parts_[size_t(q)];
+            ParameterTensors unused{};
+            part.assign(table_bytes(parameter_table(model_.config, 1, p, &unused)) / sizeof(float), 0.0f);
+            copy_parameter_shards(model_.config, 1, 0, p, theirs.data(), part.data(), ShardDirection::full_to_shard);
+            copy_parameter_shards(model_.config, 1, 0, p, full_.data(), part.data(), ShardDirection::shard_to_full);
+        }
+    }
+
     const GPTModel<Backend>& model_;
     ProcessGrid& grid_;
+    std::vector<ModelPart> stage_parts_;
     std::vector<float> full_, local_, shards_;
 };
 

@@ -29,13 +29,17 @@ int evaluate(const Config& cfg, bool hellaswag) {
     GPTConfig gc = cfg.gpt();
     gc.attention = AttentionKernel::explicit_scores;
     const RunShape shape = cfg.run_shape();
-    const int tp = cfg.parallel.tp, cp = cfg.parallel.cp;
+    const int tp = cfg.parallel.tp, cp = cfg.parallel.cp, pp = cfg.parallel.pp;
+    if (hellaswag && pp > 1) throw ConfigError("tpsp eval --hellaswag: runs at parallel.pp = 1");
     int world;
     MPI_Comm_size(MPI_COMM_WORLD, &world);
-    if (world % (tp * cp) != 0)
-        throw ConfigError("tpsp eval: parallel.tp · parallel.cp = " + std::to_string(tp * cp) +
+    if (world % (tp * cp * pp) != 0)
+        throw ConfigError("tpsp eval: parallel.tp · parallel.cp · parallel.pp = " + std::to_string(tp * cp * pp) +
                           " does not divide the " + std::to_string(world) + " ranks launched");
-    ProcessGrid grid = make_process_grid(tp, cp);
+    ProcessGrid grid = make_process_grid(tp, cp, pp);
+    // a pipeline's stage holds its blocks; each validation batch passes through the stages
+    const PipelineShape pipeline_shape{pp, cfg.parallel.vpp, 1, gc.num_layers};
+    std::unique_ptr<PipelineStep<CpuBackend>> pipeline;
     RunShape rank_shape = shape;
     rank_shape.seq_len = shape.seq_len / cp;
     // every rank opens its data and checkpoint before the first collective: a
@@ -54,7 +58,9 @@ int evaluate(const Config& cfg, bool hellaswag) {
         check_checkpoint_model(cfg.checkpoint.init, gc);
         const TensorParallelism parallelism{grid.tp, grid.tp_rank, cfg.parallel.sequence_parallel, cfg.overlap()};
         model = std::make_unique<GPT>(gc, rank_shape, parallelism, tp > 1 ? &grid.tp_group : nullptr,
-                                      cp > 1 ? &grid.cp_group : nullptr, cfg.parallel.cp_comm_type == "p2p");
+                                      cp > 1 ? &grid.cp_group : nullptr, cfg.parallel.cp_comm_type == "p2p",
+                                      pp > 1 ? pipeline_part(pipeline_shape, grid.pp_rank) : ModelPart{});
+        if (pp > 1) pipeline = std::make_unique<PipelineStep<CpuBackend>>(*model, grid.stage_group, pipeline_shape);
         load_checkpoint(*model, cfg.checkpoint.init);
     });
     if (!ready) return 1;
@@ -78,7 +84,7 @@ int evaluate(const Config& cfg, bool hellaswag) {
     }
     std::vector<int> inputs(size_t(shape.batch) * shape.seq_len), targets(inputs.size());
     float val = trainer_detail::validation_loss(*model, *val_loader, grid, cfg.train.val_batches, inputs.data(),
-                                                targets.data());
+                                                targets.data(), pipeline.get());
     if (grid.world_rank == 0)
         std::printf("val loss %.9g over %d batches of %d×%d tokens\n", val, cfg.train.val_batches, shape.batch,
                     shape.seq_len);

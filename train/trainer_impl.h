@@ -36,17 +36,26 @@ inline double seconds_since(std::chrono::steady_clock::time_point start) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-// Mean loss over `batches` validation batches of every DP rank.
+// Mean loss over `batches` validation batches of every DP rank; under a
+// pipeline each batch goes through the stages in turn, and the last stage's
+// sum reaches every stage.
 template <class Backend>
 float validation_loss(GPTModel<Backend>& model, TokenLoader& loader, ProcessGrid& grid, int batches, int* inputs,
-                      int* targets) {
+                      int* targets, PipelineStep<Backend>* pipeline = nullptr) {
     loader.reset();
     double sum = 0.0;
     for (int i = 0; i < batches; i++) {
         loader.next_batch(inputs, targets);
+        if constexpr (std::is_same_v<typename Backend::Comm, Communicator>) {
+            if (pipeline) {
+                sum += pipeline->forward_only(inputs, targets);
+                continue;
+            }
+        }
         sum += model.forward(inputs, targets, {}, false);
     }
     grid.dp_group.all_reduce_sum(&sum, 1);
+    if (grid.pp > 1) grid.stage_group.all_reduce_sum(&sum, 1);
     return float(sum / (double(batches) * grid.dp));
 }
 
@@ -151,6 +160,14 @@ inline void check_val_batches_fit(int val_batches, const TokenLoader& val_loader
     if (val_batches > val_loader.batches_per_epoch())
         throw ConfigError("train.val_batches: " + std::to_string(val_batches) + " is more than the " +
                           std::to_string(val_loader.batches_per_epoch()) + " batches the validation set holds");
+}
+
+// Every stage's part of the model, for the checkpoint gather; none without a pipeline.
+inline std::vector<ModelPart> stage_parts(const PipelineShape& pipeline) {
+    std::vector<ModelPart> parts;
+    for (int stage = 0; pipeline.stages > 1 && stage < pipeline.stages; stage++)
+        parts.push_back(pipeline_part(pipeline, stage));
+    return parts;
 }
 
 }  // namespace trainer_detail
@@ -262,7 +279,7 @@ void Trainer<Backend>::build() {
         *model_, AdamWSettings{t.beta1, t.beta2, t.eps, t.weight_decay, t.decay_all},
         data_parallel_->optimizer_shards(), grid_.replica_rank);
     if (!cfg_.checkpoint.dir.empty() || cfg_.logging.sample_every > 0)
-        gatherer_ = std::make_unique<ShardGatherer<Backend>>(*model_, grid_);
+        gatherer_ = std::make_unique<ShardGatherer<Backend>>(*model_, grid_, trainer_detail::stage_parts(pipeline));
     if (cfg_.logging.sample_every > 0) {
         if (gpt_.vocab_size == 256)
             for (int b = 0; b < 256; b++) token_text_.push_back(std::string(1, char(b)));
@@ -642,7 +659,7 @@ template <class Backend>
 float Trainer<Backend>::validation_loss() {
     data_parallel_->parameters_ready();
     return trainer_detail::validation_loss(*model_, *val_loader_, grid_, cfg_.train.val_batches, inputs_.data(),
-                                           targets_.data());
+                                           targets_.data(), pipeline_.get());
 }
 
 template <class Backend>
