@@ -19,6 +19,7 @@ ModelPart whole_model(const GPTConfig& c) {
     for (int l = 0; l < c.num_layers; l++) part.layers.push_back(l);
     part.chunks = {{0, c.num_layers}};
     part.in_flight = {1};
+    part.block_sets = 1;
     return part;
 }
 
@@ -65,6 +66,7 @@ ModelPart pipeline_part(const PipelineShape& pipeline, int stage) {
     part.embeddings = pipeline.first_in_model(stage, 0);
     part.head = pipeline.last_in_model(stage, pipeline.chunks - 1);
     part.in_flight = pipeline_in_flight(pipeline, stage);
+    part.block_sets = pipeline_peak_in_flight(pipeline, stage);
     return part;
 }
 
@@ -234,13 +236,9 @@ int64_t saved_blocks_formula_bytes(const GPTConfig& c, const RunShape& r, const 
 
 int64_t part_saved_blocks_formula_bytes(const GPTConfig& c, const RunShape& r, const TensorParallelism& tp, int64_t e,
                                         const ModelPart& part) {
-    int64_t bytes = 0;
-    for (size_t chunk = 0; chunk < part.chunks.size(); chunk++) {
-        GPTConfig chunk_config = c;
-        chunk_config.num_layers = part.chunks[chunk].end - part.chunks[chunk].begin;
-        bytes += part.in_flight[chunk] * saved_blocks_formula_bytes(chunk_config, r, tp, e);
-    }
-    return bytes;
+    GPTConfig chunk_config = c;  // every chunk holds as many blocks
+    chunk_config.num_layers = part.chunks[0].end - part.chunks[0].begin;
+    return part.block_sets * saved_blocks_formula_bytes(chunk_config, r, tp, e);
 }
 
 int64_t recompute_workspace_formula_bytes(const GPTConfig& c, const RunShape& r, const TensorParallelism& tp,

@@ -62,7 +62,8 @@ struct ModelPart {
     std::vector<BlockRun> chunks;  // its model chunks, local ranges of `layers`, in the model's order
     bool embeddings = true;        // the first stage: wte's lookup, wpe, the embedding dropout
     bool head = true;              // the last stage: the final LayerNorm, the LM head over wte, the loss
-    std::vector<int> in_flight;    // per chunk, the micro-batches its schedule keeps in flight: activation sets
+    std::vector<int> in_flight;    // per chunk, the micro-batches its schedule keeps in flight at most
+    int block_sets = 1;            // the blocks' activation sets: the most micro-batches in flight, chunks together
     int num_layers() const { return int(layers.size()); }
     bool holds_wte() const { return embeddings || head; }  // both ends hold the tied wte (Megatron's embedding group)
 };
@@ -189,9 +190,9 @@ int recompute_slots(const GPTConfig& config, const RunShape& shape);
 // and the activation sets its schedule keeps in flight.
 ModelPart pipeline_part(const PipelineShape& pipeline, int stage);
 // The blocks' saved activations a stage keeps, per rank (docs/design.md §10):
-// Σ over its chunks of the micro-batches in flight × the chunk's blocks'
-// formula (saved_blocks_formula_bytes of a chunk's blocks); the whole model's
-// for whole_model().
+// its activation sets (the most micro-batches in flight, chunks together) ×
+// one chunk's blocks' formula (saved_blocks_formula_bytes of a chunk's
+// blocks); the whole model's for whole_model().
 int64_t part_saved_blocks_formula_bytes(const GPTConfig& config, const RunShape& shape, const TensorParallelism& tp,
                                         int64_t e, const ModelPart& part);
 
@@ -294,19 +295,22 @@ public:
     // micro-batch), for the data-parallel buckets to start (§8).
     void backward(float dloss_scale, const std::function<void(int stage)>& grads_final = {});
     // A pipeline's steps (docs/design.md §10): one model chunk's forward of
-    // one micro-batch, kept in activation set `set` of that chunk (0 …
-    // part.in_flight[chunk] − 1), and later its backward. forward_chunk's
+    // one micro-batch, and later its backward. Its blocks' activations are
+    // kept in `block_set` (0 … part.block_sets − 1, any chunk's), what the
+    // chunk keeps outside its blocks (the embeddings' mask, the head's
+    // tensors), its tokens and its dropout draw in `slot` of the chunk's own
+    // (0 … part.in_flight[chunk] − 1). forward_chunk's
     // input [s_local, b, h] is the chunk's input where it does not start the
     // model (what the previous stage sent), output where the chunk does not
     // end it (what goes to the next); inputs and targets as forward's; the mean
     // loss where the chunk ends the model, else 0. backward_chunk's
     // output_grad is dL/d(output) where the chunk does not end the model,
     // input_grad receives dL/d(input) where it does not start it.
-    // forward() and backward() are the one chunk of the whole model in set 0.
-    float forward_chunk(int chunk, int set, const int* inputs, const int* targets, const DropoutStep& draw,
-                        const Act* input, Act* output, bool training = true,
+    // forward() and backward() are the one chunk of the whole model in set and slot 0.
+    float forward_chunk(int chunk, int slot, int block_set, const int* inputs, const int* targets,
+                        const DropoutStep& draw, const Act* input, Act* output, bool training = true,
                         const std::function<void(int stage)>& parameters_needed = {});
-    void backward_chunk(int chunk, int set, float dloss_scale, const Act* output_grad, Act* input_grad,
+    void backward_chunk(int chunk, int slot, int block_set, float dloss_scale, const Act* output_grad, Act* input_grad,
                         const std::function<void(int stage)>& grads_final = {});
     // The tied wte's gradient is two sums, kept apart through the step: the
     // LM head's (in grads.wte) and the embedding lookup's (in embedding_grad),
@@ -346,17 +350,17 @@ public:
     Arena param_arena, grad_arena, weight_arena, activation_arena, workspace_arena, token_arena, embedding_grad_arena;
 
 private:
-    // One micro-batch's activations of one chunk: its blocks' tables, what
-    // the chunk keeps outside them, its tokens and its dropout draw.
-    struct ActivationSet {
-        std::vector<BlockActivations<Act>> blocks;  // the chunk's blocks, in order
+    // What one micro-batch of one chunk keeps besides its blocks' tables:
+    // the tables outside the blocks, its tokens and its dropout draw.
+    struct ChunkSlot {
         OutsideActivations<Act> outside{};
         TokenBuffers tokens{};
         DropoutStep draw;
         float dropout = 0.0f;
     };
-    std::vector<std::vector<ActivationSet>> sets_;                    // [chunk][set]
-    void use_set(int chunk, int set);                                 // points blocks, outside and tokens at the set
+    std::vector<std::vector<ChunkSlot>> slots_;                       // [chunk][slot]
+    std::vector<std::vector<BlockActivations<Act>>> block_sets_;      // [set][a chunk's block]
+    void use_set(int chunk, int slot, int block_set);                 // points blocks, outside and tokens at them
     int global_layer(int l) const { return part.layers[size_t(l)]; }  // the dropout keys' layer
     void embeddings_forward(const DropoutStep& draw, float p);
     void embeddings_backward();

@@ -268,23 +268,25 @@ GPTModel<Backend>::GPTModel(const GPTConfig& c, const RunShape& r, const TensorP
         for (const TensorSpec& w : weight_table) w.place(parameter(w.name));  // the GEMMs read the parameters
     }
 
-    // an activation set per micro-batch each chunk keeps in flight (one without a pipeline)
+    // the blocks' activation sets, one per micro-batch in flight (chunks together; one without a
+    // pipeline), and each chunk's slots of what it keeps outside its blocks
     std::vector<TensorSpec> activations, token_tables;
-    sets_.resize(part.chunks.size());
+    block_sets_.assign(size_t(part.block_sets), std::vector<BlockActivations<Act>>(size_t(chunk_config.num_layers)));
+    for (std::vector<BlockActivations<Act>>& set : block_sets_)
+        for (int l = 0; l < chunk_config.num_layers; l++) {
+            std::vector<TensorSpec> table = block_activation_table(config, shape, tp, &set[size_t(l)],
+                                                                   block_keeps(shape, chunk_config.num_layers, l), cp);
+            activations.insert(activations.end(), table.begin(), table.end());
+        }
+    slots_.resize(part.chunks.size());
     for (size_t chunk = 0; chunk < part.chunks.size(); chunk++) {
         const bool first = chunk == 0 && part.embeddings, last = chunk + 1 == part.chunks.size() && part.head;
-        sets_[chunk].resize(size_t(part.in_flight[chunk]));
-        for (ActivationSet& set : sets_[chunk]) {
-            set.blocks.resize(size_t(chunk_config.num_layers));
-            for (int l = 0; l < chunk_config.num_layers; l++) {
-                std::vector<TensorSpec> table = block_activation_table(
-                    config, shape, tp, &set.blocks[size_t(l)], block_keeps(shape, chunk_config.num_layers, l), cp);
-                activations.insert(activations.end(), table.begin(), table.end());
-            }
-            std::vector<TensorSpec> outside_table = outside_activation_table(config, shape, tp, &set.outside, first,
+        slots_[chunk].resize(size_t(part.in_flight[chunk]));
+        for (ChunkSlot& slot : slots_[chunk]) {
+            std::vector<TensorSpec> outside_table = outside_activation_table(config, shape, tp, &slot.outside, first,
                                                                              last);
             activations.insert(activations.end(), outside_table.begin(), outside_table.end());
-            std::vector<TensorSpec> token_rows = token_table(shape, &set.tokens);
+            std::vector<TensorSpec> token_rows = token_table(shape, &slot.tokens);
             token_tables.insert(token_tables.end(), token_rows.begin(), token_rows.end());
         }
     }
@@ -297,10 +299,9 @@ GPTModel<Backend>::GPTModel(const GPTConfig& c, const RunShape& r, const TensorP
     workspace_arena = Arena(workspace_table(chunk_config, shape, tp, scratch, &workspace, cp), memory);
     token_arena = Arena(token_tables, memory);
     recomputed_runs_ = recomputed_runs(shape, chunk_config.num_layers);
-    for (std::vector<ActivationSet>& chunk_sets : sets_)
-        for (ActivationSet& set : chunk_sets) place_recomputed_tensors(set.blocks, chunk_config.num_layers);
+    for (std::vector<BlockActivations<Act>>& set : block_sets_) place_recomputed_tensors(set, chunk_config.num_layers);
     blocks.resize(size_t(part.num_layers()));
-    for (int chunk = int(part.chunks.size()) - 1; chunk >= 0; chunk--) use_set(chunk, 0);
+    for (int chunk = int(part.chunks.size()) - 1; chunk >= 0; chunk--) use_set(chunk, 0, 0);
     host_row_targets_.resize(size_t(shape.batch) * shape.seq_len);
     linears_ = std::make_unique<ParallelLinears<Comm, Act>>(group_, tp, shape.seq_len * shape.batch,
                                                             local_seq() * shape.batch, workspace.rs_scratch);
@@ -329,11 +330,12 @@ void GPTModel<Backend>::place_recomputed_tensors(std::vector<BlockActivations<Ac
     }
 }
 
-// The model's code reads blocks[l], outside and tokens: the set's, from here on.
+// The model's code reads blocks[l], outside and tokens: the set's and the slot's, from here on.
 template <class Backend>
-void GPTModel<Backend>::use_set(int chunk, int set) {
-    ActivationSet& s = sets_[size_t(chunk)][size_t(set)];
-    std::copy(s.blocks.begin(), s.blocks.end(), blocks.begin() + part.chunks[size_t(chunk)].begin);
+void GPTModel<Backend>::use_set(int chunk, int slot, int block_set) {
+    const std::vector<BlockActivations<Act>>& set = block_sets_[size_t(block_set)];
+    std::copy(set.begin(), set.end(), blocks.begin() + part.chunks[size_t(chunk)].begin);
+    const ChunkSlot& s = slots_[size_t(chunk)][size_t(slot)];
     outside = s.outside;
     tokens = s.tokens;
     last_draw_ = s.draw;
@@ -665,7 +667,7 @@ void GPTModel<Backend>::classifier_forward() {
 template <class Backend>
 float GPTModel<Backend>::forward(const int* inputs, const int* targets, const DropoutStep& draw, bool training,
                                  const std::function<void(int stage)>& parameters_needed) {
-    return forward_chunk(0, 0, inputs, targets, draw, nullptr, nullptr, training, parameters_needed);
+    return forward_chunk(0, 0, 0, inputs, targets, draw, nullptr, nullptr, training, parameters_needed);
 }
 
 // Vocabulary-parallel embedding: each rank looks up the tokens it holds, ḡ
@@ -695,7 +697,7 @@ void GPTModel<Backend>::embeddings_forward(const DropoutStep& draw, float p) {
 }
 
 template <class Backend>
-float GPTModel<Backend>::forward_chunk(int chunk, int set, const int* inputs, const int* targets,
+float GPTModel<Backend>::forward_chunk(int chunk, int slot, int block_set, const int* inputs, const int* targets,
                                        const DropoutStep& draw, const Act* input, Act* output, bool training,
                                        const std::function<void(int stage)>& parameters_needed) {
     const int B = shape.batch, T = shape.seq_len, C = config.channels, L = part.num_layers();
@@ -703,7 +705,7 @@ float GPTModel<Backend>::forward_chunk(int chunk, int set, const int* inputs, co
     const BlockRun blocks_run = part.chunks[size_t(chunk)];
     const bool first = chunk == 0 && part.embeddings, last = chunk + 1 == int(part.chunks.size()) && part.head;
     const float p = training ? shape.dropout : 0.0f;
-    use_set(chunk, set);
+    use_set(chunk, slot, block_set);
     if (cp.size > 1) {  // this rank's positions of the whole sequences [b, cp·T]
         const int S = attention_seq();
         host_cp_inputs_.resize(size_t(N));
@@ -720,7 +722,7 @@ float GPTModel<Backend>::forward_chunk(int chunk, int set, const int* inputs, co
     }
     Backend::upload(tokens.inputs, inputs, sizeof(int) * N);
     Backend::upload(tokens.row_targets, host_row_targets_.data(), sizeof(int) * N);
-    ActivationSet& kept = sets_[size_t(chunk)][size_t(set)];
+    ChunkSlot& kept = slots_[size_t(chunk)][size_t(slot)];
     kept.draw = last_draw_ = draw;
     kept.dropout = last_dropout_ = p;
 
@@ -847,7 +849,7 @@ void GPTModel<Backend>::classifier_backward(float dloss_scale) {
 
 template <class Backend>
 void GPTModel<Backend>::backward(float dloss_scale, const std::function<void(int stage)>& grads_final) {
-    backward_chunk(0, 0, dloss_scale, nullptr, nullptr, grads_final);
+    backward_chunk(0, 0, 0, dloss_scale, nullptr, nullptr, grads_final);
 }
 
 // The embedding dropout's, wpe's and (into embedding_grad) wte's gradients
@@ -871,12 +873,12 @@ void GPTModel<Backend>::embeddings_backward() {
 }
 
 template <class Backend>
-void GPTModel<Backend>::backward_chunk(int chunk, int set, float dloss_scale, const Act* output_grad, Act* input_grad,
-                                       const std::function<void(int stage)>& grads_final) {
+void GPTModel<Backend>::backward_chunk(int chunk, int slot, int block_set, float dloss_scale, const Act* output_grad,
+                                       Act* input_grad, const std::function<void(int stage)>& grads_final) {
     const int L = part.num_layers(), rows = local_seq() * shape.batch * config.channels;
     const BlockRun blocks_run = part.chunks[size_t(chunk)];
     const bool first = chunk == 0 && part.embeddings, last = chunk + 1 == int(part.chunks.size()) && part.head;
-    use_set(chunk, set);
+    use_set(chunk, slot, block_set);
     if (last) classifier_backward(dloss_scale);
     else Backend::copy(workspace.stream_grad, output_grad, sizeof(Act) * rows);
     for (int l = blocks_run.end - 1; l >= blocks_run.begin; l--) {

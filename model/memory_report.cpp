@@ -195,4 +195,65 @@ MemoryReport memory_report(const GPTConfig& c, const RunShape& r, const TensorPa
     return report<float>(c, r, tp, CpuBackend::attention_scratch(b, s, h, a, t), "cpu", cp);
 }
 
+// The tables of the blocks a part keeps: its activation sets × one chunk's blocks.
+template <class Act>
+static int64_t part_blocks_table_bytes(const GPTConfig& c, const RunShape& rank, const TensorParallelism& tp,
+                                       const ContextParallelism& cp, const ModelPart& part) {
+    const int chunk_layers = part.chunks[0].end - part.chunks[0].begin;
+    int64_t bytes = 0;
+    for (int l = 0; l < chunk_layers; l++) {
+        BlockActivations<Act> kept{};
+        bytes += int64_t(
+            table_bytes(block_activation_table(c, rank, tp, &kept, block_keeps(rank, chunk_layers, l), cp)));
+    }
+    return part.block_sets * bytes;
+}
+
+template <class Act>
+static PipelineMemoryReport stage_reports(const GPTConfig& c, const RunShape& r, const TensorParallelism& tp,
+                                          const ContextParallelism& cp, const PipelineShape& pipeline) {
+    RunShape rank = r;
+    rank.seq_len = r.seq_len / cp.size;
+    const int64_t e = int64_t(sizeof(Act));
+    GPTConfig f = c;  // the formulas' model, as report()'s
+    if (cp.ring && r.recompute == Recompute::selective) f.attention = AttentionKernel::cudnn_fused;
+    PipelineMemoryReport m;
+    m.one_stage_bytes = part_blocks_table_bytes<Act>(c, rank, tp, cp, whole_model(c));
+    char line[320];
+    std::snprintf(line, sizeof line,
+                  "\npipeline: pp=%d, vpp=%d (%s), m=%d micro-batches, %d blocks per model chunk; saved "
+                  "activations of the blocks per rank of each stage:\n",
+                  pipeline.stages, pipeline.chunks, pipeline.chunks > 1 ? "interleaved 1F1B" : "1F1B",
+                  pipeline.micro_batches, pipeline.layers_per_chunk());
+    m.text = line;
+    for (int stage = 0; stage < pipeline.stages; stage++) {
+        const ModelPart part = pipeline_part(pipeline, stage);
+        m.stage_bytes.push_back(part_blocks_table_bytes<Act>(c, rank, tp, cp, part));
+        m.stage_formula_bytes.push_back(part_saved_blocks_formula_bytes(f, r, tp, e, part) / cp.size);
+        std::snprintf(line, sizeof line,
+                      "  stage %d: %d micro-batches of a chunk in flight at most (%d blocks each): tables %lld "
+                      "bytes (%s), formula %lld bytes  ->  %s\n",
+                      stage, part.block_sets, pipeline.layers_per_chunk(), (long long)m.stage_bytes.back(),
+                      mib(m.stage_bytes.back()).c_str(), (long long)m.stage_formula_bytes.back(),
+                      verdict(m.stage_bytes.back(), m.stage_formula_bytes.back()));
+        m.text += line;
+    }
+    const double ratio = double(m.stage_bytes[0]) / double(m.one_stage_bytes);
+    const double paper = pipeline.chunks > 1 ? 1.0 + double(pipeline.stages - 1) / (pipeline.stages * pipeline.chunks)
+                                             : 1.0;
+    std::snprintf(line, sizeof line,
+                  "  the first stage keeps %s, the one-stage model's %d blocks %s: × %.4f (the paper: × %.4f %s)\n",
+                  mib(m.stage_bytes[0]).c_str(), c.num_layers, mib(m.one_stage_bytes).c_str(), ratio, paper,
+                  pipeline.chunks > 1 ? "= 1 + (p − 1)/(p·vpp), for m > p" : "for m ≥ p");
+    m.text += line;
+    return m;
+}
+
+PipelineMemoryReport pipeline_memory_report(const GPTConfig& c, const RunShape& r, const TensorParallelism& tp,
+                                            Device device, const ContextParallelism& cp,
+                                            const PipelineShape& pipeline) {
+    if (device == Device::cuda) return stage_reports<uint16_t>(c, r, tp, cp, pipeline);
+    return stage_reports<float>(c, r, tp, cp, pipeline);
+}
+
 }  // namespace tpsp

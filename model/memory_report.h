@@ -33,4 +33,18 @@ enum class Device { cpu, cuda };
 MemoryReport memory_report(const GPTConfig& config, const RunShape& shape, const TensorParallelism& tp, Device device,
                            const ContextParallelism& cp = {});
 
+// Under a pipeline (docs/design.md §10): each stage's saved activations of
+// its blocks, the tables of its activation sets (the most micro-batches its
+// schedule keeps in flight, chunks together) beside part_saved_blocks_formula_bytes,
+// and the first stage's beside the one-stage model's, whose ratio the paper
+// gives: 1 under 1F1B with m ≥ p, 1 + (p − 1)/(p·vpp) interleaved (m > p).
+struct PipelineMemoryReport {
+    std::vector<int64_t> stage_bytes, stage_formula_bytes;
+    int64_t one_stage_bytes = 0;  // the whole model's blocks at pp = 1
+    std::string text;
+    bool equal() const { return stage_bytes == stage_formula_bytes; }
+};
+PipelineMemoryReport pipeline_memory_report(const GPTConfig& config, const RunShape& shape, const TensorParallelism& tp,
+                                            Device device, const ContextParallelism& cp, const PipelineShape& pipeline);
+
 }  // namespace tpsp

@@ -67,6 +67,15 @@ std::vector<int> pipeline_in_flight(const PipelineShape& s, int stage) {
     return peak;
 }
 
+int pipeline_peak_in_flight(const PipelineShape& s, int stage) {
+    int now = 0, peak = 0;
+    for (const PipelineAction& a : pipeline_schedule(s, stage)) {
+        now += a.kind == PipelineAction::forward ? 1 : -1;
+        peak = std::max(peak, now);
+    }
+    return peak;
+}
+
 double pipeline_bubble_theory(const PipelineShape& s) {
     return double(s.stages - 1) / (double(s.micro_batches) * s.chunks);
 }

@@ -54,8 +54,14 @@ std::string pipeline_shape_error(const PipelineShape& shape);
 std::vector<PipelineAction> pipeline_schedule(const PipelineShape& shape, int stage);
 
 // How many micro-batches each of the stage's chunks has in flight at most
-// under its schedule (forwarded, not yet backwarded): the activation sets it keeps.
+// under its schedule (forwarded, not yet backwarded).
 std::vector<int> pipeline_in_flight(const PipelineShape& shape, int stage);
+// How many (chunk, micro-batch) pairs the stage has in flight at most, all
+// chunks together: the blocks' activation sets it keeps (every chunk holds as
+// many blocks, so a set serves any chunk). Stage 0 under 1F1B: min(p, m);
+// interleaved: its warm-up + 1, p·vpp + p − 1 pairs of L/(p·vpp) blocks, the
+// paper's L·(1 + (p − 1)/(p·vpp)) (where m > p; at m = p every forward runs first).
+int pipeline_peak_in_flight(const PipelineShape& shape, int stage);
 
 // The bubble the schedule implies, as a fraction of the ideal step (every
 // stage busy all the time): (p − 1)/m for 1F1B, (p − 1)/(m·vpp) interleaved.

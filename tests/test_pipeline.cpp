@@ -1,9 +1,13 @@
 // Pipeline parallelism's schedules (parallel/pipeline_schedule.h) against
 // Megatron's definitions, written out by hand for small cases, and against a
 // simulation of every stage running together: no schedule waits forever, and
-// the bubble it leaves is the theory's.
+// the bubble it leaves is the theory's. And each stage's memory against the
+// paper's formula: the arena a stage's model allocates, and the bf16 tables.
 #include <gtest/gtest.h>
 
+#include "model/gpt.h"
+#include "model/gpt_model.h"
+#include "model/memory_report.h"
 #include "parallel/pipeline_schedule.h"
 
 namespace tpsp {
@@ -78,6 +82,68 @@ TEST(PipelineSchedule, ALayoutThatDoesNotSplitIsOneLine) {
     EXPECT_NE(pipeline_shape_error({1, 2, 4, 8}).find("needs parallel.pp > 1"), std::string::npos);
     EXPECT_NE(pipeline_shape_error({0, 1, 4, 8}).find("parallel.pp: 0"), std::string::npos);
     EXPECT_EQ(pipeline_shape_error({4, 1, 1, 8}), "");  // 1F1B takes any m, fewer than p too
+}
+
+GPTConfig eight_blocks() {
+    GPTConfig c;
+    c.num_layers = 8, c.num_heads = 4, c.channels = 64, c.vocab_size = 256, c.padded_vocab_size = 256;
+    c.max_seq_len = 32;
+    return c;
+}
+
+// The blocks' saved activations a stage's model allocates: its activation
+// arena less what its chunks keep outside the blocks (the embeddings' mask,
+// the head's tensors: not the paper's), against the formula, for 1F1B and
+// interleaved, several p and m, every recompute mode, with and without dropout.
+TEST(PipelineMemory, EachStagesArenaHoldsTheMicroBatchesItHasInFlightAsTheFormulaSays) {
+    const GPTConfig c = eight_blocks();
+    for (float dropout : {0.0f, 0.1f})
+        for (Recompute recompute : {Recompute::none, Recompute::selective, Recompute::full})
+            for (auto [p, vpp, m] : {std::tuple{2, 1, 1}, std::tuple{2, 1, 4}, std::tuple{4, 1, 2}, std::tuple{4, 1, 8},
+                                     std::tuple{2, 2, 2}, std::tuple{2, 2, 4}, std::tuple{4, 2, 8}}) {
+                RunShape r;
+                r.batch = 2, r.seq_len = 16, r.dropout = dropout, r.recompute = recompute;
+                const PipelineShape pipeline{p, vpp, m, c.num_layers};
+                for (int stage = 0; stage < p; stage++) {
+                    SCOPED_TRACE("p " + std::to_string(p) + " vpp " + std::to_string(vpp) + " m " + std::to_string(m) +
+                                 " stage " + std::to_string(stage) + " dropout " + std::to_string(dropout) +
+                                 " recompute " + recompute_description(r));
+                    const ModelPart part = pipeline_part(pipeline, stage);
+                    const GPT model(c, r, {}, nullptr, nullptr, false, part);
+                    int64_t outside = 0;
+                    for (size_t chunk = 0; chunk < part.chunks.size(); chunk++) {
+                        OutsideActivations<float> unused{};
+                        const bool first = chunk == 0 && part.embeddings;
+                        const bool last = chunk + 1 == part.chunks.size() && part.head;
+                        outside += part.in_flight[chunk] *
+                                   int64_t(table_bytes(outside_activation_table(c, r, {}, &unused, first, last)));
+                    }
+                    EXPECT_EQ(int64_t(model.activation_arena.bytes()) - outside,
+                              part_saved_blocks_formula_bytes(c, r, {}, 4, part));
+                }
+            }
+}
+
+// The paper's figures (Korthikanti et al. §4.2.3): under 1F1B with m ≥ p the
+// first stage keeps the one-stage model's activations, whatever p;
+// interleaved (m > p) 1 + (p − 1)/(p·vpp) times them. In bf16 (e = 2) and
+// fp32 tables, every stage's tables equal to the formula.
+TEST(PipelineMemory, TheFirstStageKeepsTheWholeModelsActivationsUnder1F1BAndMoreInterleaved) {
+    const GPTConfig c = eight_blocks();
+    RunShape r;
+    r.batch = 2, r.seq_len = 16, r.dropout = 0.1f;
+    for (Device device : {Device::cpu, Device::cuda})
+        for (auto [p, vpp, m] : {std::tuple{2, 1, 2}, std::tuple{4, 1, 4}, std::tuple{4, 1, 16}, std::tuple{8, 1, 8},
+                                 std::tuple{2, 2, 4}, std::tuple{2, 4, 4}, std::tuple{4, 2, 8}}) {
+            SCOPED_TRACE("p " + std::to_string(p) + " vpp " + std::to_string(vpp) + " m " + std::to_string(m));
+            const PipelineMemoryReport report = pipeline_memory_report(c, r, {}, device, {}, {p, vpp, m, 8});
+            EXPECT_TRUE(report.equal()) << report.text;
+            // the first stage against the whole model's blocks: × (p·vpp + p − 1)/(p·vpp)
+            EXPECT_EQ(report.stage_bytes[0] * (p * vpp), report.one_stage_bytes * (p * vpp + (vpp > 1 ? p - 1 : 0)))
+                << report.text;
+            // the last stage, whose warm-up is shortest, keeps fewer
+            EXPECT_LT(report.stage_bytes[size_t(p) - 1], report.stage_bytes[0]);
+        }
 }
 
 }  // namespace

@@ -166,9 +166,18 @@ int command_memory(const Config& cfg) {
         cfg.gpt(), cfg.run_shape(), tp, resolve_device(cfg, false),
         {cfg.parallel.cp, 0, cfg.parallel.cp > 1 && cfg.parallel.cp_comm_type == "p2p"});
     std::fputs(report.text.c_str(), stdout);
+    bool equal = report.equal();
+    if (cfg.parallel.pp > 1) {
+        const PipelineMemoryReport stages = pipeline_memory_report(
+            cfg.gpt(), cfg.run_shape(), tp, resolve_device(cfg, false),
+            {cfg.parallel.cp, 0, cfg.parallel.cp > 1 && cfg.parallel.cp_comm_type == "p2p"},
+            {cfg.parallel.pp, cfg.parallel.vpp, cfg.train.grad_accum, cfg.model.layers});
+        std::fputs(stages.text.c_str(), stdout);
+        equal = equal && stages.equal();
+    }
     const bool on_gpu = resolve_device(cfg, false) == Device::cuda;
     std::fputs(model_state_table(cfg.gpt(), cfg.parallel.tp, cfg.parallel.bucket_size, on_gpu).c_str(), stdout);
-    return report.equal() ? 0 : 1;
+    return equal ? 0 : 1;
 }
 
 int command_bench(const Config& cfg, const std::string& path, const BenchOptions& options) {

@@ -16,6 +16,7 @@
 #pragma once
 #include <cstddef>
 #include <memory>
+#include <stdexcept>
 #include <vector>
 
 #include "model/gpt.h"
@@ -35,7 +36,8 @@ public:
     PipelineStep(GPTModel<Backend>& model, Comm& stages, const PipelineShape& shape)
         : model_(model), stages_(stages), shape_(shape), stage_(stages.rank()),
           schedule_(pipeline_schedule(shape, stage_)),
-          rows_(size_t(model.tp.local_seq(model.shape.seq_len)) * model.shape.batch * model.config.channels) {
+          rows_(size_t(model.tp.local_seq(model.shape.seq_len)) * model.shape.batch * model.config.channels),
+          set_free_(size_t(model.part.block_sets), true), sets_(size_t(shape.chunks) * size_t(shape.micro_batches), 0) {
         for (Received& r : received_) r.data.assign(rows_, Act{});
     }
 
@@ -67,19 +69,23 @@ private:
         for (size_t a = 0; a < actions.size(); a++) {
             post_receive(a + 1);
             const PipelineAction& action = actions[a];
-            const int set = action.micro_batch % model_.part.in_flight[size_t(action.chunk)];
+            // the chunk's slot: its micro-batches come and go in order; a set of block tables: any free one
+            const int slot = action.micro_batch % model_.part.in_flight[size_t(action.chunk)];
+            int& set = set_of(action.chunk, action.micro_batch);
             const Act* input = wait_received(a);
             if (action.kind == PipelineAction::forward) {
                 const size_t at = size_t(action.micro_batch) * micro_elements;
                 const bool sends = !shape_.last_in_model(stage_, action.chunk);
                 Act* output = sends ? send_buffer() : nullptr;
-                loss += model_.forward_chunk(action.chunk, set, inputs + at, targets + at, draw(action.micro_batch),
-                                             input, output, training);
+                set = training ? take_set() : 0;  // validation keeps nothing for a backward
+                loss += model_.forward_chunk(action.chunk, slot, set, inputs + at, targets + at,
+                                             draw(action.micro_batch), input, output, training);
                 if (sends) send(output, next_stage(), tag(action, next_model_chunk(action)));
             } else {
                 const bool sends = !shape_.first_in_model(stage_, action.chunk);
                 Act* input_grad = sends ? send_buffer() : nullptr;
-                model_.backward_chunk(action.chunk, set, dloss, input, input_grad);
+                model_.backward_chunk(action.chunk, slot, set, dloss, input, input_grad);
+                set_free_[size_t(set)] = true;
                 if (sends) send(input_grad, previous_stage(), tag(action, previous_model_chunk(action)));
             }
         }
@@ -99,6 +105,17 @@ private:
         Transfer transfer;
         size_t action = size_t(-1);  // the action it is for
     };
+
+    // the block tables micro-batch j of chunk c is kept in, from its forward to its backward
+    int& set_of(int chunk, int micro_batch) { return sets_[size_t(chunk) * shape_.micro_batches + micro_batch]; }
+    int take_set() {  // the lowest free one: as many as the schedule keeps in flight (part.block_sets)
+        for (size_t set = 0; set < set_free_.size(); set++)
+            if (set_free_[set]) {
+                set_free_[set] = false;
+                return int(set);
+            }
+        throw std::logic_error("pipeline: more micro-batches in flight than the part's activation sets");
+    }
 
     int next_stage() const { return (stage_ + 1) % shape_.stages; }
     int previous_stage() const { return (stage_ - 1 + shape_.stages) % shape_.stages; }
@@ -175,6 +192,8 @@ private:
     const std::vector<PipelineAction>* actions_ = nullptr;  // those running now
     size_t rows_;                                           // elements of one boundary tensor, [s/t, b, h]
     Received received_[2];
+    std::vector<bool> set_free_;  // [block set]
+    std::vector<int> sets_;       // [chunk · m + micro-batch] its block set, while in flight
     std::vector<std::unique_ptr<Sent>> sent_;
 };
 
