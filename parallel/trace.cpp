@@ -65,7 +65,7 @@ void Tracer::reserve_file(const std::string& path, int ranks) {
 void Tracer::write(const std::string& path, int rank, void* comm_ptr) {
     MPI_Comm comm = *static_cast<MPI_Comm*>(comm_ptr);
     std::string json;
-    char line[512];  // the longest: the three rows' names
+    char line[640];  // the longest: the four rows' names
     for (const Event& e : events_) {
         std::snprintf(line, sizeof line,
                       ",\n{\"name\": \"%s\", \"ph\": \"X\", \"pid\": %d, \"tid\": %d, \"ts\": %.3f, \"dur\": %.3f}",
@@ -79,8 +79,10 @@ void Tracer::write(const std::string& path, int rank, void* comm_ptr) {
         ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 1, \"args\": {\"name\": "
         "\"communication\"}}"
         ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 2, \"args\": {\"name\": "
-        "\"data-parallel communication\"}}",
-        rank, rank, rank, rank, rank);
+        "\"data-parallel communication\"}}"
+        ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 3, \"args\": {\"name\": "
+        "\"pipeline schedule\"}}",
+        rank, rank, rank, rank, rank, rank);
     json += line;
     int size = 0, length = int(json.size());
     MPI_Comm_size(comm, &size);

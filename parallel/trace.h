@@ -12,7 +12,9 @@
 
 namespace tpsp {
 
-enum class Track { compute = 0, communication = 1, data_parallel = 2 };  // data_parallel: the DP group's
+// data_parallel: the DP group's; pipeline: a stage's schedule, each micro-batch's forward and backward and the
+// bubbles between them (docs/design.md §10)
+enum class Track { compute = 0, communication = 1, data_parallel = 2, pipeline = 3 };
 
 // Seconds on a clock all ranks of one machine share (CLOCK_MONOTONIC).
 double now_seconds();

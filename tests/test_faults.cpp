@@ -467,9 +467,10 @@ TEST(Faults, AStoppedRankEndsTheJobAfterParallelTimeoutInsteadOfHangingIt) {
     for (const std::string grid : {"",
                                    " parallel.tp=1 parallel.distributed_optimizer=true "
                                    "parallel.overlap_grad_reduce=true parallel.overlap_param_gather=true",
-                                   " parallel.tp=1 parallel.cp=2"}) {
+                                   " parallel.tp=1 parallel.cp=2", " parallel.tp=1 parallel.pp=2"}) {
         SCOPED_TRACE(grid.empty()                             ? "t = 2"
                      : grid.find("cp=2") != std::string::npos ? "cp = 2, the all-to-alls among the collectives"
+                     : grid.find("pp=2") != std::string::npos ? "pp = 2, a stage waiting for the other's boundary"
                                                               : "dp = 2, distributed optimizer, overlap_grad_reduce");
         expect_a_stopped_rank_named(scratch_dir() / std::to_string(grid.size()), grid);
     }

@@ -606,6 +606,45 @@ TEST(PipelineParallelTraining, ACheckpointSavedAtTwoStagesResumesAtOneFourInterl
     }
 }
 
+// The trace's "pipeline schedule" row of each stage holds one span per
+// action of its schedule, in its order (stage 0 of p = 2, m = 4: F0 F1 B0 F2
+// B1 F3 B2 B3), with a bubble span before each action that waited for a
+// neighbour; the step line and the metrics report the bubble fraction beside
+// the theory's (p − 1)/(m + p − 1).
+TEST(PipelineParallelTraining, TheTraceShowsEachStagesMicroBatchesAndTheStepLineItsBubble) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not installed";
+    fs::path dir = scratch_dir();
+    Outcome r = run(mpirun(2) + tiny_train(dir, short_run +
+                                                    "train.steps=1 train.grad_accum=4 train.batch_size=4 "
+                                                    "parallel.pp=2 checkpoint.dir= logging.trace=" +
+                                                    (dir / "trace.json").string()),
+                    dir);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find("(theory 20.0%)"), std::string::npos) << r.out;  // (2 − 1)/(4 + 2 − 1)
+    EXPECT_EQ(field(dir / "metrics.jsonl", "pp_bubble_theory"), std::vector<std::string>{"0.2"});
+    const nlohmann::json trace = nlohmann::json::parse(std::ifstream(dir / "trace.json"));
+    const std::vector<std::vector<std::string>> expected = {
+        {"forward mb 0", "forward mb 1", "backward mb 0", "forward mb 2", "backward mb 1", "forward mb 3",
+         "backward mb 2", "backward mb 3"},
+        {"forward mb 0", "backward mb 0", "forward mb 1", "backward mb 1", "forward mb 2", "backward mb 2",
+         "forward mb 3", "backward mb 3"}};
+    for (int rank = 0; rank < 2; rank++) {
+        std::vector<std::pair<double, std::string>> row;
+        int bubbles = 0;
+        for (const nlohmann::json& e : trace["traceEvents"])
+            if (e["ph"] == "X" && e["pid"] == rank && e["tid"] == 3) {
+                if (e["name"] == "bubble") bubbles++;
+                else row.push_back({e["ts"].get<double>(), e["name"].get<std::string>()});
+            }
+        std::sort(row.begin(), row.end());
+        std::vector<std::string> names;
+        for (const auto& [at, name] : row) names.push_back(name);
+        EXPECT_EQ(names, expected[size_t(rank)]) << "rank " << rank;
+        // stage 0 waits for the 4 gradients, stage 1 for the 4 boundaries
+        EXPECT_EQ(bubbles, 4) << "rank " << rank;
+    }
+}
+
 // Ring attention's transfers: each K/V and dK/dV transfer of the trace
 // overlaps the ring's compute on the same rank, but for each block's last
 // dK/dV hop home, which follows the last compute (one per layer in

@@ -14,16 +14,18 @@ struct StepMetrics {
     double loss = 0.0;
     float lr = 0.0f, grad_norm = 0.0f;
     double seconds = 0.0, tokens_per_second = 0.0;
-    double mfu = 0.0;           // model FLOP/s over the backend's peak, a fraction
-    CollectiveBytes bytes;      // what the TP group's collectives moved
-    CommunicationTime comm;     // and how long they took (exposed: waited for)
-    CollectiveBytes dp_bytes;   // what the DP group's gradient and parameter collectives moved
-    CommunicationTime dp_comm;  // and how long they took (all exposed: they block, §8)
-    CollectiveBytes cp_bytes;   // what the CP group's all-to-alls moved (sp2hp / hp2sp, §9)
-    CommunicationTime cp_comm;  // and how long they took (all exposed: they block)
-    CollectiveBytes pp_bytes;   // what this rank received from its neighbouring pipeline stages (§10)
-    CommunicationTime pp_comm;  // and how long the receives took
-    float val_loss = NAN;       // NaN where no validation ran at this step
+    double mfu = 0.0;               // model FLOP/s over the backend's peak, a fraction
+    CollectiveBytes bytes;          // what the TP group's collectives moved
+    CommunicationTime comm;         // and how long they took (exposed: waited for)
+    CollectiveBytes dp_bytes;       // what the DP group's gradient and parameter collectives moved
+    CommunicationTime dp_comm;      // and how long they took (all exposed: they block, §8)
+    CollectiveBytes cp_bytes;       // what the CP group's all-to-alls moved (sp2hp / hp2sp, §9)
+    CommunicationTime cp_comm;      // and how long they took (all exposed: they block)
+    CollectiveBytes pp_bytes;       // what this rank received from its neighbouring pipeline stages (§10)
+    CommunicationTime pp_comm;      // and how long the receives took
+    double pp_bubble = NAN;         // the fraction of the schedule's time this stage waited (where pp > 1)
+    double pp_bubble_theory = NAN;  // (p − 1)/(m·vpp + p − 1): the first stage's under the schedule
+    float val_loss = NAN;           // NaN where no validation ran at this step
     float hellaswag_acc_norm = NAN, hellaswag_acc = NAN;  // fractions; NaN where HellaSwag was not scored
 };
 

@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <memory>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "model/gpt.h"
@@ -39,7 +40,18 @@ public:
           rows_(size_t(model.tp.local_seq(model.shape.seq_len)) * model.shape.batch * model.config.channels),
           set_free_(size_t(model.part.block_sets), true), sets_(size_t(shape.chunks) * size_t(shape.micro_batches), 0) {
         for (Received& r : received_) r.data.assign(rows_, Act{});
+        for (const PipelineAction& a : schedule_) {  // the trace's span names, one per action
+            std::string name = a.kind == PipelineAction::forward ? "forward mb " : "backward mb ";
+            name += std::to_string(a.micro_batch);
+            if (shape.chunks > 1) name += " chunk " + std::to_string(a.chunk);
+            span_names_.push_back(name);
+        }
     }
+
+    // Of the last run(): its length, and the part of it this stage computed
+    // (the rest, waiting for the neighbours' boundaries, is its bubble).
+    double seconds() const { return seconds_; }
+    double busy_seconds() const { return busy_seconds_; }
 
     // The step's micro-batches: inputs and targets of micro-batch j at
     // j · micro_elements, its dropout draw draw(j). Returns the sum of the
@@ -63,6 +75,9 @@ private:
     double run_actions(const std::vector<PipelineAction>& actions, const int* inputs, const int* targets,
                        size_t micro_elements, const Draw& draw, float dloss, bool training) {
         actions_ = &actions;
+        const bool traced = &actions == &schedule_ && stages_.tracer && stages_.tracer->enabled();
+        const double start = now_seconds();
+        busy_seconds_ = 0.0;
         double loss = 0.0;
         background_transfers.move_on = [this] { return move_on(); };
         post_receive(0);
@@ -72,7 +87,9 @@ private:
             // the chunk's slot: its micro-batches come and go in order; a set of block tables: any free one
             const int slot = action.micro_batch % model_.part.in_flight[size_t(action.chunk)];
             int& set = set_of(action.chunk, action.micro_batch);
+            const double waits = now_seconds();
             const Act* input = wait_received(a);
+            const double computes = now_seconds();
             if (action.kind == PipelineAction::forward) {
                 const size_t at = size_t(action.micro_batch) * micro_elements;
                 const bool sends = !shape_.last_in_model(stage_, action.chunk);
@@ -88,10 +105,17 @@ private:
                 set_free_[size_t(set)] = true;
                 if (sends) send(input_grad, previous_stage(), tag(action, previous_model_chunk(action)));
             }
+            const double done = now_seconds();
+            busy_seconds_ += done - computes;
+            if (traced) {
+                if (receives(a)) stages_.tracer->record("bubble", Track::pipeline, waits, computes);
+                stages_.tracer->record(span_names_[a].c_str(), Track::pipeline, computes, done);
+            }
         }
         for (std::unique_ptr<Sent>& s : sent_)
             if (s->in_flight) stages_.wait(s->transfer), s->in_flight = false;
         background_transfers = {};
+        seconds_ = now_seconds() - start;
         return loss;
     }
 
@@ -195,6 +219,8 @@ private:
     std::vector<bool> set_free_;  // [block set]
     std::vector<int> sets_;       // [chunk · m + micro-batch] its block set, while in flight
     std::vector<std::unique_ptr<Sent>> sent_;
+    std::vector<std::string> span_names_;  // [action of the schedule]: the trace's
+    double seconds_ = 0.0, busy_seconds_ = 0.0;
 };
 
 }  // namespace tpsp

@@ -626,6 +626,11 @@ StepMetrics Trainer<Backend>::train_step(int step) {
     m.dp_comm = dp_comm_->time;
     if (cp_comm_) m.cp_bytes = cp_comm_->bytes, m.cp_comm = cp_comm_->time;
     if (pp_comm_) m.pp_bytes = pp_comm_->bytes, m.pp_comm = pp_comm_->time;
+    if (pipeline_) {
+        m.pp_bubble = 1.0 - pipeline_->busy_seconds() / pipeline_->seconds();
+        const double p = grid_.pp, slots = double(cfg_.train.grad_accum) * cfg_.parallel.vpp;
+        m.pp_bubble_theory = (p - 1.0) / (slots + p - 1.0);
+    }
     if (dp_gather_comm_) {
         m.dp_bytes.all_gather += dp_gather_comm_->bytes.all_gather;
         m.dp_comm.total += dp_gather_comm_->time.total;
@@ -688,8 +693,9 @@ void Trainer<Backend>::log(const StepMetrics& m, bool last) {
                         (m.cp_bytes.all_to_all + m.cp_bytes.ring) / 1e6, m.cp_comm.total * 1e3,
                         m.cp_comm.exposed * 1e3);
         if (grid_.pp > 1)
-            std::printf(" | PP %.1f MB | PP comm %.1f ms, exposed %.1f ms", m.pp_bytes.pipeline / 1e6,
-                        m.pp_comm.total * 1e3, m.pp_comm.exposed * 1e3);
+            std::printf(" | PP %.1f MB | PP comm %.1f ms, exposed %.1f ms | bubble %.1f%% (theory %.1f%%)",
+                        m.pp_bytes.pipeline / 1e6, m.pp_comm.total * 1e3, m.pp_comm.exposed * 1e3, 100.0 * m.pp_bubble,
+                        100.0 * m.pp_bubble_theory);
         if (grid_.replicas > 1)
             std::printf(" | DP RS %.1f AG %.1f MB | DP comm %.1f ms, exposed %.1f ms", m.dp_bytes.reduce_scatter / 1e6,
                         m.dp_bytes.all_gather / 1e6, m.dp_comm.total * 1e3, m.dp_comm.exposed * 1e3);
