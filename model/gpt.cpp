@@ -56,6 +56,9 @@ std::vector<TensorSpec> parameter_table(const GPTConfig& c, int t, const ModelPa
 }
 
 ModelPart pipeline_part(const PipelineShape& pipeline, int stage) {
+    if (const std::string error = pipeline_shape_error(pipeline);
+        !error.empty() || stage < 0 || stage >= pipeline.stages)
+        throw std::logic_error("pipeline_part: not a pipeline's stage: " + error);
     ModelPart part;
     const int n = pipeline.layers_per_chunk();
     for (int c = 0; c < pipeline.chunks; c++) {
@@ -127,10 +130,10 @@ void copy_parameter_shards(const GPTConfig& c, int t, int r, const ModelPart& pa
     }
 }
 
-int64_t replicated_parameter_elements(const GPTConfig& c) {
+int64_t replicated_parameter_elements(const GPTConfig& c, const ModelPart& part) {
     ParameterTensors unused{};
     int64_t n = 0;
-    for (const TensorSpec& t : parameter_table(c, 1, &unused))
+    for (const TensorSpec& t : parameter_table(c, 1, part, &unused))
         if (parameter_is_replicated(t.name)) n += t.elements();
     return n;
 }

@@ -217,9 +217,10 @@ std::vector<TensorSpec> outside_activation_table(const GPTConfig& config, const 
                                                  bool embeddings = true, bool head = true);
 // attention_scratch: the backend's (Backend::attention_scratch)
 template <class Act>
+// part: a pipeline stage's (its replicated parameters, packed under SP); null, the whole model's.
 std::vector<TensorSpec> workspace_table(const GPTConfig& config, const RunShape& shape, const TensorParallelism& tp,
                                         const Dim& attention_scratch, Workspace<Act>* w,
-                                        const ContextParallelism& cp = {});
+                                        const ContextParallelism& cp = {}, const ModelPart* part = nullptr);
 std::vector<TensorSpec> token_table(const RunShape& shape, TokenBuffers* tokens);
 
 // docs/design.md §2, bytes of one block's whole table per rank:

@@ -150,12 +150,13 @@ std::vector<TensorSpec> outside_activation_table(const GPTConfig& c, const RunSh
     return table;
 }
 
-// Elements of the replicated parameters (packed for their one all-reduce).
-int64_t replicated_parameter_elements(const GPTConfig& c);
+// Elements of the replicated parameters a part holds (packed for their one all-reduce).
+int64_t replicated_parameter_elements(const GPTConfig& c, const ModelPart& part);
 
 template <class Act>
 std::vector<TensorSpec> workspace_table(const GPTConfig& c, const RunShape& r, const TensorParallelism& tp,
-                                        const Dim& attention_scratch, Workspace<Act>* w, const ContextParallelism& cp) {
+                                        const Dim& attention_scratch, Workspace<Act>* w, const ContextParallelism& cp,
+                                        const ModelPart* part) {
     const int t = tp.size;
     Dim b{r.batch, "b"}, s{r.seq_len, cp.size > 1 ? "s/cp" : "s"}, h{c.channels, "h"};
     Dim cp_s = cp.size > 1 && !cp.ring ? s : Dim{0, "no a2a"};  // the all-to-all buffers' rows
@@ -174,7 +175,8 @@ std::vector<TensorSpec> workspace_table(const GPTConfig& c, const RunShape& r, c
         tensor("ln_stats", {{2, "2"}, s_local, b}, &w->ln_stats),
         tensor("vocab_stats", {{3, "3"}, s, b}, &w->vocab_stats),
         tensor("attention_scratch", {attention_scratch}, &w->attention_scratch),
-        tensor("replicated_grads", {{packs_replicated ? replicated_parameter_elements(c) : 0, "replicated"}},
+        tensor("replicated_grads",
+               {{packs_replicated ? replicated_parameter_elements(c, part ? *part : whole_model(c)) : 0, "replicated"}},
                &w->replicated_grads),
         tensor("rs_scratch", {{overlapped_rs ? 3 : 0, "3"}, s_local, b, h}, &w->rs_scratch),
         tensor("cp_qkv", {cp_s, b, split_dim(3 * c.channels, "3h", t)}, &w->cp_qkv),
@@ -296,7 +298,7 @@ GPTModel<Backend>::GPTModel(const GPTConfig& c, const RunShape& r, const TensorP
         // ring attention's kernels want 4·c² floats a thread (c = s/(2·cp)): (s/cp)², not s²
         Backend::attention_scratch(shape.batch, cp.ring ? shape.seq_len : attention_seq(), config.channels,
                                    config.num_heads, head_split()));
-    workspace_arena = Arena(workspace_table(chunk_config, shape, tp, scratch, &workspace, cp), memory);
+    workspace_arena = Arena(workspace_table(chunk_config, shape, tp, scratch, &workspace, cp, &part), memory);
     token_arena = Arena(token_tables, memory);
     recomputed_runs_ = recomputed_runs(shape, chunk_config.num_layers);
     for (std::vector<BlockActivations<Act>>& set : block_sets_) place_recomputed_tensors(set, chunk_config.num_layers);

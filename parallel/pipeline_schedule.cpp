@@ -11,6 +11,9 @@ std::string pipeline_shape_error(const PipelineShape& s) {
     if (s.chunks < 1) return "parallel.vpp: " + vpp + " model chunks per stage; it takes 1 or more";
     if (s.chunks > 1 && s.stages == 1)
         return "parallel.vpp: " + vpp + " model chunks per stage interleave a pipeline: it needs parallel.pp > 1";
+    if (s.stages > s.layers || s.chunks > s.layers / s.stages)  // (and pp · vpp cannot overflow below)
+        return "parallel.pp: pp · vpp = " + p + " · " + vpp +
+               " model chunks of at least one block each, but model.layers is " + std::to_string(s.layers);
     if (s.layers % (s.stages * s.chunks) != 0)
         return "model.layers: " + std::to_string(s.layers) +
                " blocks do not split into pp · vpp = " + std::to_string(s.stages * s.chunks) + " equal model chunks";

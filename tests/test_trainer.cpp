@@ -13,6 +13,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -507,33 +508,39 @@ static std::string file_bytes(const fs::path& path) {
 // each stage accumulates its micro-batches' gradients in the same order, the
 // tied wte's two sums (the LM head's and the lookup's) are added once, after
 // the step's last backward, on every layout alike, and the dropout masks
-// are keyed by global block. Losses and gradient norms are compared as the
-// metrics file writes them (the shortest text that round-trips), and the
-// weights and AdamW's moments after 8 steps as the checkpoint holds them,
-// byte for byte.
+// are keyed by global block. Losses, gradient norms and validation losses
+// (each batch through the stages) are compared as the metrics file writes
+// them (the shortest text that round-trips), and the weights and AdamW's
+// moments after 8 steps as the checkpoint holds them, byte for byte. Under
+// another t or cp the reference is one stage at that t or cp.
 TEST(PipelineParallelTraining, EveryScheduleTrainsTheBitsOfOneStage) {
     if (!have_mpirun()) GTEST_SKIP() << "mpirun not installed";
     fs::path root = scratch_dir();
     struct Trained {
-        std::vector<std::string> losses, norms;
-        std::string model, state;  // step 8's files
+        std::vector<std::string> losses, norms, val_losses;  // validation at steps 4 and 8, through the stages
+        std::string model, state;                            // step 8's files
     };
     auto trained = [&](const std::string& name, int ranks, const std::string& args) {
         fs::path dir = root / name;
         fs::create_directories(dir);
-        Outcome r = run(mpirun(ranks) + tiny_train(dir, short_run + "train.steps=8 train.batch_size=4 " + args), dir);
+        Outcome r = run(mpirun(ranks) + tiny_train(dir, short_run +
+                                                            "train.steps=8 train.batch_size=4 train.val_every=4 "
+                                                            "train.val_batches=2 " +
+                                                            args),
+                        dir);
         EXPECT_EQ(r.exit_code, 0) << name << ": " << r.err;
         if (args.find("parallel.pp=") != std::string::npos) {
             EXPECT_NE(r.out.find("| PP "), std::string::npos) << "the step line shows the stages' transfers";
         }
         return Trained{field(dir / "metrics.jsonl", "loss"), field(dir / "metrics.jsonl", "grad_norm"),
-                       file_bytes(dir / "ckpt" / "model_00000008.bin"),
+                       field(dir / "metrics.jsonl", "val_loss"), file_bytes(dir / "ckpt" / "model_00000008.bin"),
                        file_bytes(dir / "ckpt" / "state_00000008.bin")};
     };
     const Trained one = trained("one", 1, "train.grad_accum=4");
     const Trained one_dp2 = trained("one_dp2", 2, "train.grad_accum=4 train.batch_size=2");
     const Trained one_accum8 = trained("one_accum8", 1, "train.grad_accum=8");
-    const Trained one_t2 = trained("one_t2", 2, "train.grad_accum=4 parallel.tp=2");  // t changes the GEMMs' sums
+    const Trained one_t2 = trained("one_t2", 2, "train.grad_accum=4 parallel.tp=2");    // t changes the GEMMs' sums
+    const Trained one_cp2 = trained("one_cp2", 2, "train.grad_accum=4 parallel.cp=2");  // and cp the gradients' sums
     ASSERT_EQ(one.losses.size(), 8u);
     ASSERT_FALSE(one.model.empty());
     struct Layout {
@@ -547,6 +554,8 @@ TEST(PipelineParallelTraining, EveryScheduleTrainsTheBitsOfOneStage) {
         {"pp4", 4, "train.grad_accum=4 parallel.pp=4", one},
         {"pp2_t2", 4, "train.grad_accum=4 parallel.pp=2 parallel.tp=2", one_t2},
         {"pp2_vpp2", 2, "train.grad_accum=4 parallel.pp=2 parallel.vpp=2", one},
+        {"pp2_vpp2_t2", 4, "train.grad_accum=4 parallel.pp=2 parallel.vpp=2 parallel.tp=2", one_t2},
+        {"pp2_cp2", 4, "train.grad_accum=4 parallel.pp=2 parallel.cp=2", one_cp2},
         {"pp2_vpp2_accum8", 2, "train.grad_accum=8 parallel.pp=2 parallel.vpp=2", one_accum8},
         {"pp2_full_recompute", 2, "train.grad_accum=4 parallel.pp=2 model.recompute=full model.recompute_layers=1",
          one},
@@ -560,6 +569,7 @@ TEST(PipelineParallelTraining, EveryScheduleTrainsTheBitsOfOneStage) {
         const Trained run = trained(layout.name, layout.ranks, layout.args);
         EXPECT_EQ(run.losses, layout.reference.losses);
         EXPECT_EQ(run.norms, layout.reference.norms);
+        EXPECT_EQ(run.val_losses, layout.reference.val_losses);
         EXPECT_TRUE(run.model == layout.reference.model) << "the weights after 8 steps differ";
         EXPECT_TRUE(run.state == layout.reference.state) << "AdamW's moments after 8 steps differ";
     }
@@ -568,7 +578,8 @@ TEST(PipelineParallelTraining, EveryScheduleTrainsTheBitsOfOneStage) {
 // A checkpoint of a pipeline holds the whole model and its whole optimizer
 // state: saved at pp = 2, it resumes at pp = 1, at pp = 4 and interleaved
 // (the same bits as the run never stopped: its step 8 files, byte for byte)
-// and at another t (the next losses within 1e-5).
+// and at another t (the next losses within 1e-5); tpsp eval of the saved
+// model through each layout's stages gives one loss.
 TEST(PipelineParallelTraining, ACheckpointSavedAtTwoStagesResumesAtOneFourInterleavedAndAnotherT) {
     if (!have_mpirun()) GTEST_SKIP() << "mpirun not installed";
     fs::path root = scratch_dir(), whole = root / "whole", cut = root / "cut";
@@ -580,6 +591,7 @@ TEST(PipelineParallelTraining, ACheckpointSavedAtTwoStagesResumesAtOneFourInterl
     ASSERT_EQ(saved.exit_code, 0) << saved.err;
     const std::vector<std::string> reference = field(whole / "metrics.jsonl", "loss");
     ASSERT_EQ(reference.size(), 8u);
+    std::set<std::string> evals;  // the losses tpsp eval printed at the layouts of t = 1: one
     for (auto [ranks, layout] :
          {std::pair{1, "parallel.pp=1"}, std::pair{4, "parallel.pp=4"}, std::pair{2, "parallel.pp=2 parallel.vpp=2"},
           std::pair{4, "parallel.pp=2 parallel.tp=2"}}) {
@@ -597,6 +609,17 @@ TEST(PipelineParallelTraining, ACheckpointSavedAtTwoStagesResumesAtOneFourInterl
             if (same_t) EXPECT_EQ(tail[size_t(i)], reference[size_t(4 + i)]) << "step " << 5 + i;
             else EXPECT_NEAR(std::stod(tail[size_t(i)]), std::stod(reference[size_t(4 + i)]), 1e-5) << "step " << 5 + i;
         }
+        // tpsp eval of the saved model through this layout's stages: one stage's loss
+        Outcome evaluated = run(
+            mpirun(ranks) + tpsp_binary + " eval " + tiny + " data.val='" + corpus +
+                "/val_*.bin' train.val_batches=2 train.batch_size=4 train.seq_len=64 train.grad_accum=4 " + layout +
+                " checkpoint.init=" + (cut / "ckpt" / "model_00000004.bin").string(),
+            dir);
+        ASSERT_EQ(evaluated.exit_code, 0) << evaluated.err;
+        std::smatch loss;
+        ASSERT_TRUE(std::regex_search(evaluated.out, loss, std::regex("val loss ([0-9.]+)"))) << evaluated.out;
+        if (same_t) evals.insert(loss[1].str());
+        else EXPECT_NEAR(std::stod(loss[1].str()), std::stod(*evals.begin()), 1e-5);
         if (same_t) {
             EXPECT_TRUE(file_bytes(dir / "ckpt" / "model_00000008.bin") ==
                         file_bytes(whole / "ckpt" / "model_00000008.bin"));
@@ -604,6 +627,7 @@ TEST(PipelineParallelTraining, ACheckpointSavedAtTwoStagesResumesAtOneFourInterl
                         file_bytes(whole / "ckpt" / "state_00000008.bin"));
         }
     }
+    EXPECT_EQ(evals.size(), 1u) << "tpsp eval gave another loss at another pp";
 }
 
 // The trace's "pipeline schedule" row of each stage holds one span per

@@ -389,6 +389,12 @@ void validate(const Config& c, const std::string& where) {
         const size_t colon = error.find(':');
         fail(error.substr(0, colon), error.substr(colon + 2));
     }
+    if (c.parallel.pp > 1 && c.model.recompute == "full" &&
+        c.model.recompute_layers > c.model.layers / (c.parallel.pp * c.parallel.vpp))
+        fail("model.recompute_layers", std::to_string(c.model.recompute_layers) +
+                                           " blocks to recompute, more than a model chunk's " +
+                                           std::to_string(c.model.layers / (c.parallel.pp * c.parallel.vpp)) +
+                                           " (model.layers / (pp · vpp)): full recomputation runs within a chunk");
     if (c.parallel.pp > 1) {
         const char* not_yet = nullptr;  // what a pipeline does not do yet (issue 27)
         if (c.train.device == "cuda") not_yet = "runs on the CPU backend so far (train.device: cpu)";

@@ -99,6 +99,30 @@ public:
         background_transfers = {};
     }
 
+    // A pipeline's step (train/pipeline_step.h) runs its schedule between
+    // pipeline_begins() and reduce_grads(): each chunk's first forward waits
+    // per stage for the parameters it reads (overlap_param_gather), each
+    // chunk's last backward starts the buckets it makes final
+    // (overlap_grad_reduce: a stage's chunks finish last block first, as one
+    // model's backward does), and move_on() moves both on between GEMM tiles.
+    void pipeline_begins() {
+        if (!settings_.overlap_grad_reduce || replicas_.size() == 1) return;
+        reduction_.begin();
+        reduction_begun_ = true;
+    }
+    bool gathers_pending() const { return parameter_gather_ && parameter_gather_->pending(); }
+    void wait_parameters(int stage) {
+        if (gathers_pending()) parameter_gather_->wait_needed(stage);
+    }
+    bool overlaps_grad_reduce() const { return reduction_begun_; }
+    void grads_final(int stage) { reduction_.start_final(stage); }
+    bool move_on() {
+        bool in_flight = false;
+        if (gathers_pending()) in_flight |= parameter_gather_->move_on();
+        if (reduction_begun_) in_flight |= reduction_.move_on();
+        return in_flight;
+    }
+
     // The buckets backward did not start start now; the wait for them is
     // exposed. Every element is summed in the same order in every mode.
     // (A pipeline's step ran no last_backward: every bucket starts here.)

@@ -154,6 +154,9 @@ Device resolve_device(const Config& cfg, bool needs_gpu) {
 
 int command_train(const Config& cfg) {
     [[maybe_unused]] const bool on_gpu = resolve_device(cfg, true) == Device::cuda;  // only in a CUDA build
+    if (on_gpu && cfg.parallel.pp > 1)  // train.device: auto found a GPU (config.cpp refuses cuda itself)
+        throw ConfigError("parallel.pp: " + std::to_string(cfg.parallel.pp) +
+                          " stages: a pipeline runs on the CPU backend so far (train.device: cpu)");
 #ifdef TPSP_WITH_CUDA
     if (on_gpu) return train_on<CudaBackend>(cfg);
 #endif
@@ -181,6 +184,11 @@ int command_memory(const Config& cfg) {
 }
 
 int command_bench(const Config& cfg, const std::string& path, const BenchOptions& options) {
+    if (cfg.parallel.pp > 1 || cfg.parallel.cp > 1)
+        throw ConfigError(std::string(cfg.parallel.pp > 1 ? "parallel.pp" : "parallel.cp") +
+                          ": tpsp bench times one rank's forward and backward of the whole model; it would ignore "
+                          "them: time a pipeline with scripts/bench_pp.sh, context parallelism with "
+                          "scripts/bench_cp.sh");
     if (cfg.parallel.tp > 1 || cfg.parallel.tp_comm_overlap)
         throw ConfigError(
             "parallel.tp: tpsp bench times one rank's forward and backward (t = 1, no overlap); it "

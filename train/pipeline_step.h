@@ -15,6 +15,7 @@
 // moves a transfer only inside MPI calls).
 #pragma once
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -23,6 +24,7 @@
 #include "model/gpt.h"
 #include "parallel/overlap.h"
 #include "parallel/pipeline_schedule.h"
+#include "train/data_parallel.h"
 
 namespace tpsp {
 
@@ -56,9 +58,18 @@ public:
     // The step's micro-batches: inputs and targets of micro-batch j at
     // j · micro_elements, its dropout draw draw(j). Returns the sum of the
     // micro-batches' mean losses on the stage holding the head, 0 elsewhere.
+    // data_parallel (where set): the stage's gradient buckets and parameter
+    // gathers, overlapped with the schedule as the switches say
+    // (DataParallelStep::pipeline_begins); reduce_grads() after it.
     template <class Draw>
-    double run(const int* inputs, const int* targets, size_t micro_elements, const Draw& draw, float dloss) {
-        return run_actions(schedule_, inputs, targets, micro_elements, draw, dloss, true);
+    double run(const int* inputs, const int* targets, size_t micro_elements, const Draw& draw, float dloss,
+               DataParallelStep<Backend>* data_parallel = nullptr) {
+        data_parallel_ = data_parallel;
+        if (data_parallel_) data_parallel_->pipeline_begins();
+        const double loss = run_actions(schedule_, inputs, targets, micro_elements, draw, dloss, true);
+        if (data_parallel_) data_parallel_->parameters_ready();  // any gather no forward waited for
+        data_parallel_ = nullptr;
+        return loss;
     }
 
     // One batch through every model chunk, forward only and without dropout
@@ -96,12 +107,13 @@ private:
                 Act* output = sends ? send_buffer() : nullptr;
                 set = training ? take_set() : 0;  // validation keeps nothing for a backward
                 loss += model_.forward_chunk(action.chunk, slot, set, inputs + at, targets + at,
-                                             draw(action.micro_batch), input, output, training);
+                                             draw(action.micro_batch), input, output, training,
+                                             parameters_needed(action));
                 if (sends) send(output, next_stage(), tag(action, next_model_chunk(action)));
             } else {
                 const bool sends = !shape_.first_in_model(stage_, action.chunk);
                 Act* input_grad = sends ? send_buffer() : nullptr;
-                model_.backward_chunk(action.chunk, slot, set, dloss, input, input_grad);
+                model_.backward_chunk(action.chunk, slot, set, dloss, input, input_grad, grads_final(action));
                 set_free_[size_t(set)] = true;
                 if (sends) send(input_grad, previous_stage(), tag(action, previous_model_chunk(action)));
             }
@@ -146,10 +158,14 @@ private:
     int model_chunk(const PipelineAction& a) const { return shape_.model_chunk(stage_, a.chunk); }
     int next_model_chunk(const PipelineAction& a) const { return model_chunk(a) + 1; }
     int previous_model_chunk(const PipelineAction& a) const { return model_chunk(a) - 1; }
-    // a message's tag: its direction, the model chunk it goes to, its micro-batch
+    // a message's tag: its direction and the model chunk it goes to. The
+    // messages of one tag from one stage are its micro-batches in order, and
+    // MPI delivers them in the order sent to the receives in the order posted,
+    // which is the receiver's order too: no micro-batch in the tag (so the tags
+    // stay below MPI's guaranteed 32767 for any m: 2·p·vpp ≤ 2L + 1). Tag 0 is
+    // the tied wte's exchange and the checkpoint gather's.
     int tag(const PipelineAction& a, int to_model_chunk) const {
-        return ((a.micro_batch * shape_.stages * shape_.chunks + to_model_chunk) * 2 +
-                (a.kind == PipelineAction::backward ? 1 : 0));
+        return 1 + to_model_chunk * 2 + (a.kind == PipelineAction::backward ? 1 : 0);
     }
     // whether action a waits for a message: a forward not of the model's first chunk, a backward not of its last
     bool receives(size_t a) const {
@@ -198,9 +214,24 @@ private:
             }
     }
 
-    // between GEMM tiles: every receive and send in flight moved on
+    // a chunk's first forward: wait for the parameters each stage reads, where gathers are in flight
+    std::function<void(int)> parameters_needed(const PipelineAction& a) const {
+        if (!data_parallel_ || a.micro_batch != 0 || !data_parallel_->gathers_pending()) return {};
+        return [dp = data_parallel_](int stage) { dp->wait_parameters(stage); };
+    }
+    // a chunk's last backward: start the buckets it makes final
+    std::function<void(int)> grads_final(const PipelineAction& a) const {
+        if (!data_parallel_ || a.micro_batch + 1 != shape_.micro_batches || !data_parallel_->overlaps_grad_reduce())
+            return {};
+        return [dp = data_parallel_](int stage) {
+            dp->grads_final(stage);
+            background_transfers.poll();
+        };
+    }
+
+    // between GEMM tiles: every receive and send in flight moved on, and the data-parallel transfers
     bool move_on() {
-        bool in_flight = false;
+        bool in_flight = data_parallel_ && data_parallel_->move_on();
         for (Received& r : received_)
             if (r.transfer.active) in_flight |= !stages_.test(r.transfer);
         for (std::unique_ptr<Sent>& s : sent_)
@@ -221,6 +252,7 @@ private:
     std::vector<std::unique_ptr<Sent>> sent_;
     std::vector<std::string> span_names_;  // [action of the schedule]: the trace's
     double seconds_ = 0.0, busy_seconds_ = 0.0;
+    DataParallelStep<Backend>* data_parallel_ = nullptr;  // during run(), where given
 };
 
 }  // namespace tpsp

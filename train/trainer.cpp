@@ -38,7 +38,8 @@ int evaluate(const Config& cfg, bool hellaswag) {
                           " does not divide the " + std::to_string(world) + " ranks launched");
     ProcessGrid grid = make_process_grid(tp, cp, pp);
     // a pipeline's stage holds its blocks; each validation batch passes through the stages
-    const PipelineShape pipeline_shape{pp, cfg.parallel.vpp, 1, gc.num_layers};
+    // (m = pp: a shape every schedule takes; only micro-batch 0's forwards run)
+    const PipelineShape pipeline_shape{pp, cfg.parallel.vpp, pp, gc.num_layers};
     std::unique_ptr<PipelineStep<CpuBackend>> pipeline;
     RunShape rank_shape = shape;
     rank_shape.seq_len = shape.seq_len / cp;

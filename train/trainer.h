@@ -59,9 +59,9 @@ private:
     void log(const StepMetrics& m, bool last);
     void sample(int done);  // a short text from the model (rank 0 prints)
     void save(int done);    // checkpoint.dir: model, state, latest
+    // a pipeline's first and last stage: wte's two gradient sums, each to the other
     void exchange_embedding_grads();
-    std::string pipeline_text()
-        const;  // the grid line's pipeline part  // a pipeline's first and last stage: wte's two gradient sums
+    std::string pipeline_text() const;  // the grid line's pipeline part
     void write_trace();
 
     const Config& cfg_;

@@ -579,8 +579,8 @@ StepMetrics Trainer<Backend>::train_step(int step) {
     };
     if constexpr (std::is_same_v<Comm, Communicator>) {  // a pipeline runs on the CPU backend so far
         if (pipeline_) {
-            data_parallel_->parameters_ready();
-            loss = pipeline_->run(inputs_.data(), targets_.data(), size_t(shape_.batch) * shape_.seq_len, draw, dloss);
+            loss = pipeline_->run(inputs_.data(), targets_.data(), size_t(shape_.batch) * shape_.seq_len, draw, dloss,
+                                  data_parallel_.get());
             exchange_embedding_grads();
         }
     }
