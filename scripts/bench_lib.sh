@@ -10,8 +10,9 @@ ready_to_measure() {
 }
 
 # mean of a metrics field over steps 3.. (the first two warm up)
-mean() { awk -v key="\"$2\":" '{ i = index($0, key); if (i && ++n > 2) { s += substr($0, i + length(key)) + 0; m++ } }
-                                 END { printf "%.1f", m ? s / m : 0 }' "$1"; }
+# (METRICS FIELD [DECIMALS]: 1 unless given)
+mean() { awk -v key="\"$2\":" -v format="%.${3:-1}f" '{ i = index($0, key); if (i && ++n > 2) { s += substr($0, i + length(key)) + 0; m++ } }
+                                 END { printf format, m ? s / m : 0 }' "$1"; }
 
 # The share of one rank's forward+backward spent in the spans whose names
 # match REGEX, from `tpsp bench --breakdown` at t = 1: CONFIG, REGEX, overrides...

@@ -17,17 +17,13 @@ mkdir -p $out
 base="model.layers=8 train.batch_size=4 train.seq_len=128 train.steps=8 train.val_every=0 checkpoint.dir=
       logging.sample_every=0 train.threads=1 parallel.emulated_link.gbps=$gbps parallel.emulated_link.latency_us=5"
 
-# the mean of a metrics field over steps 3.., to 4 decimals (the bubble is a fraction)
-fraction() { awk -v key="\"$2\":" '{ i = index($0, key); if (i && ++n > 2) { s += substr($0, i + length(key)) + 0; m++ } }
-                                   END { printf "%.4f", m ? s / m : 0 }' "$1"; }
-
 measure() {  # RANKS flags... -> "step_ms bubble theory pp_comm_ms pp_exposed_ms"
   local ranks=$1; shift
   rm -f $out/m.jsonl  # each measurement is a new run
   # shellcheck disable=SC2086
   mpirun --oversubscribe -np "$ranks" build/tpsp train configs/tiny.yaml $base logging.metrics=$out/m.jsonl "$@" \
     > /dev/null
-  echo "$(mean $out/m.jsonl ms) $(fraction $out/m.jsonl pp_bubble) $(fraction $out/m.jsonl pp_bubble_theory)" \
+  echo "$(mean $out/m.jsonl ms) $(mean $out/m.jsonl pp_bubble 4) $(mean $out/m.jsonl pp_bubble_theory 4)" \
        "$(mean $out/m.jsonl pp_comm_ms) $(mean $out/m.jsonl pp_exposed_comm_ms)"
 }
 

@@ -49,7 +49,9 @@ phase "the other tests (ctest -LE unit: e2e, faults, mpi, network, gpu)"
 ctest --test-dir build -LE unit --output-on-failure -j"$jobs"
 
 phase "sanitized build (ASan+UBSan, RelWithDebInfo, CPU only)"
-cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTPSP_SANITIZE=ON -DTPSP_CUDA=OFF > /dev/null
+# (-g1: line tables for the sanitizers' reports, no variables: the e2e tests' file compiles in 64 s, not 115)
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" \
+  -DTPSP_SANITIZE=ON -DTPSP_CUDA=OFF > /dev/null
 build build-asan -j"$jobs"
 
 phase "sanitized unit tests (ctest -L unit)"
@@ -67,14 +69,18 @@ ctest --test-dir build-asan -L unit --output-on-failure -j"$jobs"
 # nor Faults.AStalledPeerInACollectiveEndsTheJobAfterParallelTimeout: 18 s of four stalled peers, whose
 # deadline wait the stopped-rank fault runs under ASan here; nor the pipeline's bits and resume tests,
 # sixteen runs that would take minutes more of the 30 CI allows, while its trace test and the stopped-stage
-# fault run a pipeline's forwards, backwards, boundaries and tied wte under ASan here)
-phase "sanitized mpi tests (ctest -L mpi, less the end-to-end overlap, DP-bits, context-parallel, pipeline-bits and stalled-peer runs)"
+# fault run a pipeline's forwards, backwards, boundaries and tied wte under ASan here; nor
+# TensorParallelTraining.LossesOfTwoAndFourRanksEqualOneRank, whose model tensor_parallel_equals_one_rank
+# runs in-process at t = 1, 2, 4 under ASan and whose trainer the resume and fault runs here do; nor
+# HellaSwagTraining, whose reader and scorer the unit tests run under ASan; nor
+# Faults.ARankThatNeverStartsEndsTheJobFromMpiInit, 26 s of waiting for a rank before MPI_Init)
+phase "sanitized mpi tests (ctest -L mpi, less the long end-to-end runs named above)"
 ctest --test-dir build-asan -L mpi \
-  -E 'EveryOverlapSwitchLeavesTheLossesUnchanged|EveryDataParallelModeTrainsTheBitsOfPlainDataParallelism|ContextParallelTraining|PipelineParallelTraining.(EveryScheduleTrains|ACheckpointSaved)|AStalledPeerInACollective' \
+  -E 'EveryOverlapSwitchLeavesTheLossesUnchanged|EveryDataParallelModeTrainsTheBitsOfPlainDataParallelism|ContextParallelTraining|PipelineParallelTraining.(EveryScheduleTrains|ACheckpointSaved)|AStalledPeerInACollective|LossesOfTwoAndFourRanksEqualOneRank|HellaSwagTraining|ARankThatNeverStarts' \
   --output-on-failure -j"$jobs"
 
-phase "fuzz targets (scripts/fuzz.sh 8: clang, libFuzzer, ASan+UBSan; 8 s each on its seed corpus)"
-scripts/fuzz.sh 8
+phase "fuzz targets (scripts/fuzz.sh 6: clang, libFuzzer, ASan+UBSan; 6 s each on its seed corpus)"
+scripts/fuzz.sh 6
 
 phase "build without MPI and without cuDNN (-DTPSP_MPI=OFF -DTPSP_CUDNN=OFF, -DTPSP_WERROR=ON), 3 steps"
 cmake -S . -B build-nompi -G Ninja -DCMAKE_BUILD_TYPE=Release -DTPSP_MPI=OFF -DTPSP_CUDNN=OFF -DTPSP_WERROR=ON \
