@@ -155,6 +155,31 @@ void NcclCommunicator::start_exchange(const bf16* send, bf16* receive, size_t co
     *sent = Transfer{};  // completes with the receive: one paired operation
 }
 
+NcclTransfer NcclCommunicator::send(const void* data, size_t count, ncclDataType_t type, int peer) {
+    after_compute();  // the data is final
+    check_nccl(ncclSend(data, count, type, peer, nccl_, comm_stream_), "ncclSend");
+    return finish_enqueue("send", false);  // completes in the receive's shadow: not counted
+}
+
+NcclTransfer NcclCommunicator::receive(void* data, size_t count, ncclDataType_t type, int peer, const char* name) {
+    after_compute();  // the buffer's last reader is done
+    check_nccl(ncclRecv(data, count, type, peer, nccl_, comm_stream_), "ncclRecv");
+    return finish_enqueue(name, true);
+}
+
+NcclTransfer NcclCommunicator::start_send(const bf16* data, size_t count, int peer, int) {
+    return send(data, count, ncclBfloat16, peer);
+}
+NcclTransfer NcclCommunicator::start_send(const float* data, size_t count, int peer, int) {
+    return send(data, count, ncclFloat32, peer);
+}
+NcclTransfer NcclCommunicator::start_receive(bf16* data, size_t count, int peer, int, const char* name) {
+    return receive(data, count, ncclBfloat16, peer, name);
+}
+NcclTransfer NcclCommunicator::start_receive(float* data, size_t count, int peer, int, const char* name) {
+    return receive(data, count, ncclFloat32, peer, name);
+}
+
 NcclTransfer NcclCommunicator::start_all_gather(const bf16* shard, bf16* full, size_t count, const char* name) {
     if (!nccl_) {  // a group of one
         if (full != shard) copy(full, shard, count);

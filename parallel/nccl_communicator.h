@@ -84,6 +84,14 @@ public:
 
     void start_exchange(const bf16* send, bf16* receive, size_t count, int to, int from, int tag, const char* name,
                         Transfer* sent, Transfer* received);
+    // A send or a receive alone, for a group used one way (a pipeline's
+    // channel, pipeline_channels.h): on a group that also sent the other way,
+    // a receive queued behind a send would wait until the peer took the send.
+    // The tag is not NCCL's: a channel's messages arrive in the order sent.
+    Transfer start_send(const bf16* data, size_t count, int peer, int tag);
+    Transfer start_send(const float* data, size_t count, int peer, int tag);
+    Transfer start_receive(bf16* data, size_t count, int peer, int tag, const char* name);
+    Transfer start_receive(float* data, size_t count, int peer, int tag, const char* name);
     Transfer start_all_gather(const bf16* shard, bf16* full, size_t count, const char* name);
     Transfer start_reduce_scatter(const bf16* full, bf16* shard, size_t count, const char* name);
     // The data-parallel buckets' collectives on fp32 device buffers, on blocks
@@ -118,6 +126,8 @@ private:
     float* block_scratch(size_t count);              // the reduce-scatter's blocks: one buffer, reused in stream order
     Transfer finish_enqueue(const char* name, bool counts);
     void all_reduce(void* data, size_t count, ncclDataType_t type, ncclRedOp_t op, size_t element_bytes);
+    Transfer send(const void* data, size_t count, ncclDataType_t type, int peer);
+    Transfer receive(void* data, size_t count, ncclDataType_t type, int peer, const char* name);
     Communicator host_;  // the same group over MPI, for what lives on the host
     cudaStream_t compute_stream_ = nullptr;
     ncclComm_t nccl_ = nullptr;

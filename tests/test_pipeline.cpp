@@ -75,6 +75,45 @@ TEST(PipelineSchedule, EveryScheduleRunsToTheEndAndLeavesTheBubbleOfTheTheory) {
             }
 }
 
+// The boundaries travel over four one-way channels per stage (forward to
+// the next stage and from the previous, backward to the previous and from
+// the next), each delivering its messages in the order sent, with no tag to
+// tell them apart: sound only if every receiver takes a channel's messages
+// in the order its sender sends them. Megatron's orders give that (every
+// stage runs the (chunk, micro-batch) pairs in one order, whatever its
+// warm-up): checked here for every link of every schedule.
+TEST(PipelineSchedule, EachChannelsReceiverTakesItsMessagesInTheOrderSent) {
+    struct Message {  // the model chunk it goes to, and the micro-batch
+        int model_chunk, micro_batch;
+        bool operator==(const Message&) const = default;
+    };
+    for (int p : {2, 3, 4})
+        for (int vpp : {1, 2, 3})
+            for (int m : {p, 2 * p, 3 * p}) {
+                const PipelineShape s{p, vpp, m, p * vpp};
+                // [from stage][direction]: what it sends, and what its receiver takes from it, in order
+                std::vector<std::vector<Message>> sent(size_t(p) * 2), taken(size_t(p) * 2);
+                for (int i = 0; i < p; i++)
+                    for (const PipelineAction& a : pipeline_schedule(s, i)) {
+                        const int here = s.model_chunk(i, a.chunk);
+                        if (a.kind == PipelineAction::forward) {
+                            if (!s.last_in_model(i, a.chunk)) sent[size_t(i) * 2].push_back({here + 1, a.micro_batch});
+                            if (!s.first_in_model(i, a.chunk))
+                                taken[size_t((i + p - 1) % p) * 2].push_back({here, a.micro_batch});
+                        } else {
+                            if (!s.first_in_model(i, a.chunk))
+                                sent[size_t(i) * 2 + 1].push_back({here - 1, a.micro_batch});
+                            if (!s.last_in_model(i, a.chunk))
+                                taken[size_t((i + 1) % p) * 2 + 1].push_back({here, a.micro_batch});
+                        }
+                    }
+                for (size_t channel = 0; channel < sent.size(); channel++)
+                    EXPECT_TRUE(sent[channel] == taken[channel])
+                        << "p " << p << " vpp " << vpp << " m " << m << ": stage " << channel / 2 << "'s "
+                        << (channel % 2 ? "backward" : "forward") << " channel";
+            }
+}
+
 TEST(PipelineSchedule, ALayoutThatDoesNotSplitIsOneLine) {
     EXPECT_EQ(pipeline_shape_error({2, 1, 4, 3}),
               "model.layers: 3 blocks do not split into pp · vpp = 2 equal model chunks");

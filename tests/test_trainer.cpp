@@ -1322,7 +1322,7 @@ TEST(DataParallelTraining, ACheckpointOfTheDistributedOptimizerResumesWithoutItA
 // eval of the saved model at t = 1, 2, 4, at dp = 2 and at dp = 2 × t = 2:
 // the same counts every time.
 
-TEST(HellaSwagTraining, TheCountsAreTheSameAtAnyTensorParallelSizeAndDataParallelRanks) {
+TEST(HellaSwagTraining, TheCountsAreTheSameAtAnyTensorParallelSizeDataParallelRanksAndStages) {
     if (!have_mpirun()) GTEST_SKIP() << "mpirun not installed";
     fs::path dir = scratch_dir();
     // nine examples of the corpus' kind, each context with a right ending and three of other verses
@@ -1347,14 +1347,20 @@ TEST(HellaSwagTraining, TheCountsAreTheSameAtAnyTensorParallelSizeAndDataParalle
         lines += example.dump() + "\n";
     }
     const fs::path hellaswag = write_file(dir / "hellaswag.jsonl", lines);
-    Outcome trained = run(mpirun(2) + tiny_train(dir, short_run + "train.steps=4 parallel.tp=2 data.hellaswag=" +
+    // trained (and scored) on two pipeline stages, evaluated at every layout
+    Outcome trained = run(mpirun(2) + tiny_train(dir, short_run + "train.steps=4 parallel.pp=2 data.hellaswag=" +
                                                           hellaswag.string() + " train.hellaswag_every=4"),
                           dir);
     ASSERT_EQ(trained.exit_code, 0) << trained.err;
     const std::vector<std::string> in_training = field(dir / "metrics.jsonl", "hellaswag_acc_norm");
     ASSERT_EQ(in_training.size(), 1u);
-    const std::pair<int, std::string> launches[] = {
-        {1, ""}, {2, "parallel.tp=2"}, {4, "parallel.tp=4"}, {2, ""}, {4, "parallel.tp=2"}};
+    const std::pair<int, std::string> launches[] = {{1, ""},
+                                                    {2, "parallel.tp=2"},
+                                                    {4, "parallel.tp=4"},
+                                                    {2, ""},
+                                                    {4, "parallel.tp=2"},
+                                                    {4, "parallel.pp=2 parallel.tp=2"},
+                                                    {2, "parallel.pp=2 parallel.vpp=2 train.grad_accum=2"}};
     std::vector<std::string> printed;
     for (const auto& [ranks, layout] : launches) {
         SCOPED_TRACE(std::to_string(ranks) + " ranks " + layout);

@@ -204,7 +204,7 @@ const std::vector<Key>& keys() {
                 "context-parallel size: every sequence cut across cp ranks (world = dp × cp × tp)"),
         int_key("parallel.pp", [](Config& c) -> int& { return c.parallel.pp; }, 1,
                 "pipeline stages p: the blocks cut into p consecutive parts, 1F1B over train.grad_accum "
-                "micro-batches (world = pp × dp × cp × tp; the CPU backend)"),
+                "micro-batches (world = pp × dp × cp × tp)"),
         int_key("parallel.vpp", [](Config& c) -> int& { return c.parallel.vpp; }, 1,
                 "model chunks per pipeline stage: above 1, the interleaved 1F1B schedule (needs pp > 1 and "
                 "train.grad_accum a multiple of pp)"),
@@ -395,12 +395,6 @@ void validate(const Config& c, const std::string& where) {
                                            " blocks to recompute, more than a model chunk's " +
                                            std::to_string(c.model.layers / (c.parallel.pp * c.parallel.vpp)) +
                                            " (model.layers / (pp · vpp)): full recomputation runs within a chunk");
-    if (c.parallel.pp > 1) {
-        const char* not_yet = nullptr;  // what a pipeline does not do yet (issue 27)
-        if (c.train.device == "cuda") not_yet = "runs on the CPU backend so far (train.device: cpu)";
-        else if (c.train.hellaswag_every > 0) not_yet = "scores no HellaSwag yet (train.hellaswag_every: 0)";
-        if (not_yet) fail("parallel.pp", std::to_string(c.parallel.pp) + " stages: a pipeline " + not_yet);
-    }
     if (c.train.hellaswag_every > 0 && c.data.hellaswag.empty())
         fail("data.hellaswag", "train.hellaswag_every needs the HellaSwag file");
     if (!c.data.hellaswag.empty() && c.model.vocab_size != 256 && c.model.vocab_size != 50257)

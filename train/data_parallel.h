@@ -139,7 +139,7 @@ public:
     // whole reduced gradient it computes every rank's pieces itself: the
     // same sums. Under a pipeline, each stage's sum of squares added over the
     // stages in order (`stages`), the tied wte counted on the first only.
-    float grad_norm(Comm* stages = nullptr) {
+    float grad_norm(Communicator* stages = nullptr) {
         const size_t buckets = buckets_.buckets().size();
         const int replicas = replicas_.size(), me = replicas_.rank();
         const bool own_pieces_only = settings_.distributed_optimizer;

@@ -10,7 +10,9 @@
 //
 // The DP ranks split the examples (example i on DP rank i mod dp) and their
 // counts are summed; every TP rank of a group scores the same rows and holds
-// every position's loss, so the figures are the same at any t and dp.
+// every position's loss, so the figures are the same at any t and dp. Under
+// a pipeline each batch goes through the stages (PipelineStep::forward_only)
+// and the stage holding the head scores it; its counts reach every stage.
 #pragma once
 #include <algorithm>
 #include <array>
@@ -22,6 +24,7 @@
 #include "data/hellaswag.h"
 #include "model/gpt.h"
 #include "parallel/communicator.h"
+#include "train/pipeline_step.h"
 
 namespace tpsp {
 
@@ -59,10 +62,12 @@ struct HellaSwagRow {
 };
 HellaSwagRow hellaswag_row(const HellaSwagExample& example, int ending, int seq_len);
 
-// Collective over the DP group: every rank of the job calls it with the same examples.
+// Collective over the DP group (and the stages, under a pipeline): every
+// rank of the job calls it with the same examples.
 template <class Backend>
 HellaSwagScore score_hellaswag(GPTModel<Backend>& model, const std::vector<HellaSwagExample>& examples, int dp_rank,
-                               int dp, Communicator& dp_group) {
+                               int dp, Communicator& dp_group, PipelineStep<Backend>* pipeline = nullptr,
+                               Communicator* stages = nullptr) {
     if (model.cp.size > 1) throw ConfigError("HellaSwag: scored at parallel.cp = 1 only");
     const int B = model.shape.batch, T = model.shape.seq_len;
     std::vector<int> inputs(size_t(B) * T), targets(inputs.size());
@@ -86,8 +91,9 @@ HellaSwagScore score_hellaswag(GPTModel<Backend>& model, const std::vector<Hella
                 targets[r * T + p] = tokens[p + 1];
             }
         }
-        model.forward(inputs.data(), targets.data(), {}, false);
-        model.token_losses(losses.data());
+        if (pipeline) pipeline->forward_only(inputs.data(), targets.data());
+        else model.forward(inputs.data(), targets.data(), {}, false);
+        if (model.part.head) model.token_losses(losses.data());
         for (size_t r = 0; r < n; r++) {
             const int length = int(batch[r].tokens.size()), m = batch[r].ending_tokens;
             double sum = 0.0;
@@ -114,7 +120,9 @@ HellaSwagScore score_hellaswag(GPTModel<Backend>& model, const std::vector<Hella
                 break;
             }
     }
+    if (!model.part.head) std::fill_n(correct, 3, 0.0);  // another stage's losses
     dp_group.all_reduce_sum(correct, 3);
+    if (stages) stages->all_reduce_sum(correct, 3);
     return {int(examples.size()), int(correct[0]), int(correct[1]), int(correct[2])};
 }
 

@@ -154,9 +154,6 @@ Device resolve_device(const Config& cfg, bool needs_gpu) {
 
 int command_train(const Config& cfg) {
     [[maybe_unused]] const bool on_gpu = resolve_device(cfg, true) == Device::cuda;  // only in a CUDA build
-    if (on_gpu && cfg.parallel.pp > 1)  // train.device: auto found a GPU (config.cpp refuses cuda itself)
-        throw ConfigError("parallel.pp: " + std::to_string(cfg.parallel.pp) +
-                          " stages: a pipeline runs on the CPU backend so far (train.device: cpu)");
 #ifdef TPSP_WITH_CUDA
     if (on_gpu) return train_on<CudaBackend>(cfg);
 #endif

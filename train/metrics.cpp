@@ -86,11 +86,11 @@ void MetricsFile::write(const StepMetrics& m) {
         {"cp_comm_ms", m.cp_comm.total * 1e3},
         {"cp_exposed_comm_ms", m.cp_comm.exposed * 1e3},
     };
-    if (!std::isnan(m.pp_bubble)) {
+    if (!std::isnan(m.pp_bubble_theory)) {  // a pipeline
         line["pp_received_bytes"] = m.pp_bytes.pipeline;
         line["pp_comm_ms"] = m.pp_comm.total * 1e3;
         line["pp_exposed_comm_ms"] = m.pp_comm.exposed * 1e3;
-        line["pp_bubble"] = m.pp_bubble;
+        if (!std::isnan(m.pp_bubble)) line["pp_bubble"] = m.pp_bubble;  // measured on the CPU only
         line["pp_bubble_theory"] = m.pp_bubble_theory;
     }
     if (!std::isnan(m.val_loss)) line["val_loss"] = m.val_loss;

@@ -23,7 +23,7 @@ struct StepMetrics {
     CommunicationTime cp_comm;      // and how long they took (all exposed: they block)
     CollectiveBytes pp_bytes;       // what this rank received from its neighbouring pipeline stages (§10)
     CommunicationTime pp_comm;      // and how long the receives took
-    double pp_bubble = NAN;         // the fraction of the schedule's time this stage waited (where pp > 1)
+    double pp_bubble = NAN;         // the fraction of the schedule's time this stage waited (pp > 1, CPU)
     double pp_bubble_theory = NAN;  // (p − 1)/(m·vpp + p − 1): the first stage's under the schedule
     float val_loss = NAN;           // NaN where no validation ran at this step
     float hellaswag_acc_norm = NAN, hellaswag_acc = NAN;  // fractions; NaN where HellaSwag was not scored

@@ -3,7 +3,7 @@
 // run action by action, each forward's output sent to the stage holding the
 // next model chunk and each backward's input gradient to the one holding the
 // previous, as [s/t, b, h]: the SP shard of the boundary, TP rank to the same
-// TP rank.
+// TP rank, over the stage's four channels (parallel/pipeline_channels.h).
 //
 // Sends never wait: each goes out from a buffer of its own, taken from a pool
 // that keeps a buffer until its send is complete (the pool grows in the first
@@ -11,8 +11,10 @@
 // waited for when the action needs them. So a stage waits only for data that
 // another stage's schedule sends before it needs anything back, which the
 // schedules' simulation (tests/test_pipeline.cpp) proves always arrives.
-// Between the GEMM tiles every transfer in flight is moved on (Open MPI
-// moves a transfer only inside MPI calls).
+// On the CPU every transfer in flight is moved on between the GEMM tiles
+// (Open MPI moves a transfer only inside MPI calls); on a GPU the buffers are
+// device memory, the transfers run on the channels' streams, and a wait
+// makes the compute stream wait, not the host.
 #pragma once
 #include <cstddef>
 #include <functional>
@@ -23,10 +25,26 @@
 
 #include "model/gpt.h"
 #include "parallel/overlap.h"
+#include "parallel/pipeline_channels.h"
 #include "parallel/pipeline_schedule.h"
 #include "train/data_parallel.h"
 
 namespace tpsp {
+
+// A boundary's buffer, [s/t, b, h], in the backend's memory (host or device).
+template <class Backend>
+class BoundaryBuffer {
+public:
+    using Act = typename Backend::Act;
+    explicit BoundaryBuffer(size_t count) : data_(static_cast<Act*>(Backend::memory().allocate(count * sizeof(Act)))) {}
+    BoundaryBuffer(const BoundaryBuffer&) = delete;
+    BoundaryBuffer& operator=(const BoundaryBuffer&) = delete;
+    ~BoundaryBuffer() { Backend::memory().release(data_); }
+    Act* data() const { return data_; }
+
+private:
+    Act* data_;
+};
 
 template <class Backend>
 class PipelineStep {
@@ -35,20 +53,25 @@ public:
     using Act = typename Backend::Act;
     using Transfer = typename Comm::Transfer;
 
-    // stages: this rank's pipeline (the same dp, cp and tp index), rank = stage
-    PipelineStep(GPTModel<Backend>& model, Comm& stages, const PipelineShape& shape)
-        : model_(model), stages_(stages), shape_(shape), stage_(stages.rank()),
-          schedule_(pipeline_schedule(shape, stage_)),
+    PipelineStep(GPTModel<Backend>& model, PipelineChannels<Comm> channels, const PipelineShape& shape, int stage)
+        : model_(model), channels_(std::move(channels)), shape_(shape), stage_(stage),
+          schedule_(pipeline_schedule(shape, stage)),
           rows_(size_t(model.tp.local_seq(model.shape.seq_len)) * model.shape.batch * model.config.channels),
-          set_free_(size_t(model.part.block_sets), true), sets_(size_t(shape.chunks) * size_t(shape.micro_batches), 0) {
-        for (Received& r : received_) r.data.assign(rows_, Act{});
+          received_{Received(rows_), Received(rows_)}, set_free_(size_t(model.part.block_sets), true),
+          sets_(size_t(shape.chunks) * size_t(shape.micro_batches), 0) {
         for (const PipelineAction& a : schedule_) {  // the trace's span names, one per action
             std::string name = a.kind == PipelineAction::forward ? "forward mb " : "backward mb ";
             name += std::to_string(a.micro_batch);
             if (shape.chunks > 1) name += " chunk " + std::to_string(a.chunk);
             span_names_.push_back(name);
         }
+        for (int c = 0; c < shape.chunks; c++) forward_pass_.push_back({PipelineAction::forward, c, 0});
     }
+
+    Tracer* tracer = nullptr;  // where set: each action's span, and the waits before them, on the pipeline row
+
+    // every group the channels use: their bytes (CollectiveBytes::pipeline) and times
+    std::vector<Comm*> channel_groups() const { return channels_.groups(); }
 
     // Of the last run(): its length, and the part of it this stage computed
     // (the rest, waiting for the neighbours' boundaries, is its bubble).
@@ -75,10 +98,22 @@ public:
     // One batch through every model chunk, forward only and without dropout
     // (validation): its mean loss on the stage holding the head, 0 elsewhere.
     double forward_only(const int* inputs, const int* targets) {
-        std::vector<PipelineAction> forwards;
-        for (int c = 0; c < shape_.chunks; c++) forwards.push_back({PipelineAction::forward, c, 0});
         return run_actions(
-            forwards, inputs, targets, 0, [](int) { return DropoutStep{}; }, 0.0f, false);
+            forward_pass_, inputs, targets, 0, [](int) { return DropoutStep{}; }, 0.0f, false);
+    }
+
+    // The tied wte's two gradient sums meet (docs/design.md §10): the first
+    // stage holds the embedding lookup's, the last the LM head's, [count]
+    // each. Each sends `own` and receives the other's into `theirs`, over the
+    // link from the last stage to the first (the schedule's sends are done).
+    void exchange_tied_embedding_grads(const float* own, float* theirs, size_t count) {
+        const bool first = stage_ == 0;
+        const PipelineChannel<Comm>& out = first ? channels_.backward_out : channels_.forward_out;
+        const PipelineChannel<Comm>& in = first ? channels_.forward_in : channels_.backward_in;
+        Transfer sent = out.group->start_send(own, count, out.peer, out.tag);
+        Transfer received = in.group->start_receive(theirs, count, in.peer, in.tag, "tied wte gradients");
+        in.group->wait(received);
+        out.group->wait(sent);
     }
 
 private:
@@ -86,7 +121,7 @@ private:
     double run_actions(const std::vector<PipelineAction>& actions, const int* inputs, const int* targets,
                        size_t micro_elements, const Draw& draw, float dloss, bool training) {
         actions_ = &actions;
-        const bool traced = &actions == &schedule_ && stages_.tracer && stages_.tracer->enabled();
+        const bool traced = &actions == &schedule_ && tracer && tracer->enabled();
         const double start = now_seconds();
         busy_seconds_ = 0.0;
         double loss = 0.0;
@@ -109,37 +144,40 @@ private:
                 loss += model_.forward_chunk(action.chunk, slot, set, inputs + at, targets + at,
                                              draw(action.micro_batch), input, output, training,
                                              parameters_needed(action));
-                if (sends) send(output, next_stage(), tag(action, next_model_chunk(action)));
+                if (sends) send(output, channels_.forward_out);
             } else {
                 const bool sends = !shape_.first_in_model(stage_, action.chunk);
                 Act* input_grad = sends ? send_buffer() : nullptr;
                 model_.backward_chunk(action.chunk, slot, set, dloss, input, input_grad, grads_final(action));
                 set_free_[size_t(set)] = true;
-                if (sends) send(input_grad, previous_stage(), tag(action, previous_model_chunk(action)));
+                if (sends) send(input_grad, channels_.backward_out);
             }
             const double done = now_seconds();
             busy_seconds_ += done - computes;
             if (traced) {
-                if (receives(a)) stages_.tracer->record("bubble", Track::pipeline, waits, computes);
-                stages_.tracer->record(span_names_[a].c_str(), Track::pipeline, computes, done);
+                if (receives(a)) tracer->record("bubble", Track::pipeline, waits, computes);
+                tracer->record(span_names_[a].c_str(), Track::pipeline, computes, done);
             }
         }
         for (std::unique_ptr<Sent>& s : sent_)
-            if (s->in_flight) stages_.wait(s->transfer), s->in_flight = false;
+            if (s->in_flight) s->group->wait(s->transfer), s->in_flight = false;
         background_transfers = {};
         seconds_ = now_seconds() - start;
         return loss;
     }
 
     struct Sent {
-        std::vector<Act> data;
+        explicit Sent(size_t count) : data(count) {}
+        BoundaryBuffer<Backend> data;
+        Comm* group = nullptr;  // the channel's, while in flight
         Transfer transfer;
         bool in_flight = false;
     };
     struct Received {
-        std::vector<Act> data;
+        explicit Received(size_t count) : data(count) {}
+        BoundaryBuffer<Backend> data;
+        Comm* group = nullptr;  // the channel's, while in flight
         Transfer transfer;
-        size_t action = size_t(-1);  // the action it is for
     };
 
     // the block tables micro-batch j of chunk c is kept in, from its forward to its backward
@@ -153,20 +191,6 @@ private:
         throw std::logic_error("pipeline: more micro-batches in flight than the part's activation sets");
     }
 
-    int next_stage() const { return (stage_ + 1) % shape_.stages; }
-    int previous_stage() const { return (stage_ - 1 + shape_.stages) % shape_.stages; }
-    int model_chunk(const PipelineAction& a) const { return shape_.model_chunk(stage_, a.chunk); }
-    int next_model_chunk(const PipelineAction& a) const { return model_chunk(a) + 1; }
-    int previous_model_chunk(const PipelineAction& a) const { return model_chunk(a) - 1; }
-    // a message's tag: its direction and the model chunk it goes to. The
-    // messages of one tag from one stage are its micro-batches in order, and
-    // MPI delivers them in the order sent to the receives in the order posted,
-    // which is the receiver's order too: no micro-batch in the tag (so the tags
-    // stay below MPI's guaranteed 32767 for any m: 2·p·vpp ≤ 2L + 1). Tag 0 is
-    // the tied wte's exchange and the checkpoint gather's.
-    int tag(const PipelineAction& a, int to_model_chunk) const {
-        return 1 + to_model_chunk * 2 + (a.kind == PipelineAction::backward ? 1 : 0);
-    }
     // whether action a waits for a message: a forward not of the model's first chunk, a backward not of its last
     bool receives(size_t a) const {
         if (a >= actions_->size()) return false;
@@ -178,38 +202,37 @@ private:
     void post_receive(size_t a) {
         if (!receives(a)) return;
         Received& r = received_[a % 2];
-        r.action = a;
-        const PipelineAction& action = (*actions_)[a];
-        const bool forward = action.kind == PipelineAction::forward;
-        r.transfer = stages_.start_receive(r.data.data(), rows_, forward ? previous_stage() : next_stage(),
-                                           tag(action, model_chunk(action)),
-                                           forward ? "pipeline receive (forward)" : "pipeline receive (backward)");
-        stages_.bytes.pipeline += int64_t(rows_ * sizeof(Act));
+        const bool forward = (*actions_)[a].kind == PipelineAction::forward;
+        const PipelineChannel<Comm>& in = forward ? channels_.forward_in : channels_.backward_in;
+        r.group = in.group;
+        r.transfer = in.group->start_receive(r.data.data(), rows_, in.peer, in.tag,
+                                             forward ? "pipeline receive (forward)" : "pipeline receive (backward)");
+        in.group->bytes.pipeline += int64_t(rows_ * sizeof(Act));
     }
 
     const Act* wait_received(size_t a) {
         if (!receives(a)) return nullptr;
         Received& r = received_[a % 2];
-        stages_.wait(r.transfer);
+        r.group->wait(r.transfer);
         return r.data.data();
     }
 
     // a buffer whose send is complete, or a new one
     Act* send_buffer() {
         for (std::unique_ptr<Sent>& s : sent_)
-            if (!s->in_flight || stages_.test(s->transfer)) {
+            if (!s->in_flight || s->group->test(s->transfer)) {
                 s->in_flight = false;
                 return s->data.data();
             }
-        sent_.push_back(std::make_unique<Sent>());
-        sent_.back()->data.assign(rows_, Act{});
+        sent_.push_back(std::make_unique<Sent>(rows_));
         return sent_.back()->data.data();
     }
 
-    void send(Act* data, int peer, int message_tag) {
+    void send(Act* data, const PipelineChannel<Comm>& out) {
         for (std::unique_ptr<Sent>& s : sent_)
             if (s->data.data() == data) {
-                s->transfer = stages_.start_send(data, rows_, peer, message_tag);
+                s->group = out.group;
+                s->transfer = out.group->start_send(data, rows_, out.peer, out.tag);
                 s->in_flight = true;
             }
     }
@@ -233,17 +256,18 @@ private:
     bool move_on() {
         bool in_flight = data_parallel_ && data_parallel_->move_on();
         for (Received& r : received_)
-            if (r.transfer.active) in_flight |= !stages_.test(r.transfer);
+            if (r.transfer.active) in_flight |= !r.group->test(r.transfer);
         for (std::unique_ptr<Sent>& s : sent_)
-            if (s->in_flight) in_flight |= !stages_.test(s->transfer);
+            if (s->in_flight) in_flight |= !s->group->test(s->transfer);
         return in_flight;
     }
 
     GPTModel<Backend>& model_;
-    Comm& stages_;
+    PipelineChannels<Comm> channels_;
     PipelineShape shape_;
     int stage_;
     std::vector<PipelineAction> schedule_;                  // the training step's
+    std::vector<PipelineAction> forward_pass_;              // validation's: micro-batch 0 through every chunk
     const std::vector<PipelineAction>* actions_ = nullptr;  // those running now
     size_t rows_;                                           // elements of one boundary tensor, [s/t, b, h]
     Received received_[2];

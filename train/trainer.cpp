@@ -30,7 +30,6 @@ int evaluate(const Config& cfg, bool hellaswag) {
     gc.attention = AttentionKernel::explicit_scores;
     const RunShape shape = cfg.run_shape();
     const int tp = cfg.parallel.tp, cp = cfg.parallel.cp, pp = cfg.parallel.pp;
-    if (hellaswag && pp > 1) throw ConfigError("tpsp eval --hellaswag: runs at parallel.pp = 1");
     int world;
     MPI_Comm_size(MPI_COMM_WORLD, &world);
     if (world % (tp * cp * pp) != 0)
@@ -61,7 +60,9 @@ int evaluate(const Config& cfg, bool hellaswag) {
         model = std::make_unique<GPT>(gc, rank_shape, parallelism, tp > 1 ? &grid.tp_group : nullptr,
                                       cp > 1 ? &grid.cp_group : nullptr, cfg.parallel.cp_comm_type == "p2p",
                                       pp > 1 ? pipeline_part(pipeline_shape, grid.pp_rank) : ModelPart{});
-        if (pp > 1) pipeline = std::make_unique<PipelineStep<CpuBackend>>(*model, grid.stage_group, pipeline_shape);
+        if (pp > 1)
+            pipeline = std::make_unique<PipelineStep<CpuBackend>>(*model, pipeline_channels_over(grid.stage_group),
+                                                                  pipeline_shape, grid.pp_rank);
         load_checkpoint(*model, cfg.checkpoint.init);
     });
     if (!ready) return 1;
@@ -72,7 +73,8 @@ int evaluate(const Config& cfg, bool hellaswag) {
                                               [&] { return llmc_file_identity(cfg.checkpoint.init); });
     if (!trainer_detail::on_every_rank([&] { trainer_detail::check_same_inputs(inputs_line); })) return 1;
     if (hellaswag) {
-        const HellaSwagScore score = score_hellaswag(*model, examples, grid.dp_rank, grid.dp, grid.dp_group);
+        const HellaSwagScore score = score_hellaswag(*model, examples, grid.dp_rank, grid.dp, grid.dp_group,
+                                                     pipeline.get(), pp > 1 ? &grid.stage_group : nullptr);
         if (grid.world_rank == 0) {
             std::printf("%s\n", hellaswag_line(score).c_str());
             if (score.cut > 0)

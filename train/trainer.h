@@ -73,7 +73,7 @@ private:
     std::unique_ptr<typename Backend::Runtime> runtime_;  // the GPU this rank drives, on CUDA
     std::unique_ptr<Comm> tp_comm_, dp_comm_;             // the model's and the gradients' (dp × cp) groups
     std::unique_ptr<Comm> cp_comm_;                       // context parallelism's, where cp > 1
-    std::unique_ptr<Comm> pp_comm_;                       // this rank's pipeline (its stages), where pp > 1
+    std::unique_ptr<Comm> stage_comm_;      // this rank's pipeline (its stages), where pp > 1 on the CPU: its channels'
     std::unique_ptr<Comm> dp_gather_comm_;  // the DP group again, for the gradients' all-gathers (not on NCCL)
     std::unique_ptr<TokenLoader> train_loader_, val_loader_;
     std::unique_ptr<GPTModel<Backend>> model_;

@@ -46,13 +46,7 @@ float validation_loss(GPTModel<Backend>& model, TokenLoader& loader, ProcessGrid
     double sum = 0.0;
     for (int i = 0; i < batches; i++) {
         loader.next_batch(inputs, targets);
-        if constexpr (std::is_same_v<typename Backend::Comm, Communicator>) {
-            if (pipeline) {
-                sum += pipeline->forward_only(inputs, targets);
-                continue;
-            }
-        }
-        sum += model.forward(inputs, targets, {}, false);
+        sum += pipeline ? pipeline->forward_only(inputs, targets) : model.forward(inputs, targets, {}, false);
     }
     grid.dp_group.all_reduce_sum(&sum, 1);
     if (grid.pp > 1) grid.stage_group.all_reduce_sum(&sum, 1);
@@ -236,11 +230,19 @@ void Trainer<Backend>::build() {
     // the gradients' and the optimizer's group: every rank holding these parameters (dp × cp)
     dp_comm_ = Backend::make_group(*grid_.replica_group.mpi());
     if (grid_.cp > 1) cp_comm_ = Backend::make_group(*grid_.cp_group.mpi());
-    if (grid_.pp > 1) pp_comm_ = Backend::make_group(*grid_.stage_group.mpi());
+    PipelineChannels<Comm> channels;  // a pipeline's, handed to pipeline_ below (parallel/pipeline_channels.h)
+    if (grid_.pp > 1) {
+        if constexpr (Comm::runs_in_enqueue_order) {  // NCCL: a group of two for each channel
+            channels = pipeline_channels_in_pairs<Comm>(*grid_.stage_group.mpi(), Backend::make_group);
+        } else {  // MPI: the stage group carries all four
+            stage_comm_ = Backend::make_group(*grid_.stage_group.mpi());
+            channels = pipeline_channels_over(*stage_comm_);
+        }
+    }
     tp_comm_->link = {cfg_.parallel.emulated_link_gbps, cfg_.parallel.emulated_link_latency_us};
     dp_comm_->link = tp_comm_->link;  // the one link every group's transfers cross
     if (cp_comm_) cp_comm_->link = tp_comm_->link;
-    if (pp_comm_) pp_comm_->link = tp_comm_->link;
+    for (Comm* stages : channels.groups()) stages->link = tp_comm_->link;
     if constexpr (!Comm::runs_in_enqueue_order) {
         MPI_Comm gathers;  // the all-gathers start in an order of their own (parallel/dp_reduction.h)
         MPI_Comm_dup(*grid_.replica_group.mpi(), &gathers);
@@ -252,7 +254,7 @@ void Trainer<Backend>::build() {
         tracer_.fence = Backend::synchronize;  // on a GPU the spans then time the kernels, not their launches
         tp_comm_->tracer = &tracer_;
         if (cp_comm_) cp_comm_->tracer = &tracer_;  // on the TP row: both are the model's own transfers
-        if (pp_comm_) pp_comm_->tracer = &tracer_;
+        for (Comm* stages : channels.groups()) stages->tracer = &tracer_;
         for (Comm* dp : {dp_comm_.get(), dp_gather_comm_.get()})
             if (dp) {
                 dp->tracer = &tracer_;
@@ -266,8 +268,9 @@ void Trainer<Backend>::build() {
     model_ = std::make_unique<GPTModel<Backend>>(gpt_, rank_shape, tp, tp_comm_.get(), cp_comm_.get(),
                                                  cfg_.parallel.cp_comm_type == "p2p",
                                                  grid_.pp > 1 ? pipeline_part(pipeline, grid_.pp_rank) : ModelPart{});
-    if constexpr (std::is_same_v<Comm, Communicator>) {  // the CPU backend (config.cpp refuses pp > 1 on CUDA)
-        if (grid_.pp > 1) pipeline_ = std::make_unique<PipelineStep<Backend>>(*model_, *pp_comm_, pipeline);
+    if (grid_.pp > 1) {
+        pipeline_ = std::make_unique<PipelineStep<Backend>>(*model_, std::move(channels), pipeline, grid_.pp_rank);
+        if (tracer_.enabled()) pipeline_->tracer = &tracer_;
     }
     const Config::Parallel& parallel = cfg_.parallel;
     data_parallel_ = std::make_unique<DataParallelStep<Backend>>(
@@ -570,19 +573,20 @@ StepMetrics Trainer<Backend>::train_step(int step) {
     model.zero_grad();
     tp_comm_->bytes = {};
     tp_comm_->time = {};
-    for (Comm* group : {dp_comm_.get(), dp_gather_comm_.get(), cp_comm_.get(), pp_comm_.get()})
+    std::vector<Comm*> groups{dp_comm_.get(), dp_gather_comm_.get(), cp_comm_.get()};
+    if (pipeline_)
+        for (Comm* stages : pipeline_->channel_groups()) groups.push_back(stages);
+    for (Comm* group : groups)
         if (group) group->bytes = {}, group->time = {};
     const float dloss = 1.0f / float(tokens_per_step_);
     double loss = 0.0;
     auto draw = [&](int micro) {
         return DropoutStep{cfg_.train.seed, uint32_t(step), (int64_t(micro) * grid_.dp + grid_.dp_rank) * shape_.batch};
     };
-    if constexpr (std::is_same_v<Comm, Communicator>) {  // a pipeline runs on the CPU backend so far
-        if (pipeline_) {
-            loss = pipeline_->run(inputs_.data(), targets_.data(), size_t(shape_.batch) * shape_.seq_len, draw, dloss,
-                                  data_parallel_.get());
-            exchange_embedding_grads();
-        }
+    if (pipeline_) {
+        loss = pipeline_->run(inputs_.data(), targets_.data(), size_t(shape_.batch) * shape_.seq_len, draw, dloss,
+                              data_parallel_.get());
+        exchange_embedding_grads();
     }
     for (int micro = 0; micro < (pipeline_ ? 0 : cfg_.train.grad_accum); micro++) {
         const size_t at = size_t(micro) * shape_.batch * shape_.seq_len;  // read_step_batches put it there
@@ -595,10 +599,10 @@ StepMetrics Trainer<Backend>::train_step(int step) {
     }
     model.finish_grads();
     data_parallel_->reduce_grads();
-    dp_comm_->all_reduce_sum(&loss, 1);                // each CP rank's loss is already its replica's
-    if (pp_comm_) pp_comm_->all_reduce_sum(&loss, 1);  // the last stage's, to every stage
+    dp_comm_->all_reduce_sum(&loss, 1);                            // each CP rank's loss is already its replica's
+    if (grid_.pp > 1) grid_.stage_group.all_reduce_sum(&loss, 1);  // the last stage's, to every stage
     loss /= double(cfg_.train.grad_accum) * grid_.replicas;
-    const float norm = data_parallel_->grad_norm(pp_comm_.get());
+    const float norm = data_parallel_->grad_norm(grid_.pp > 1 ? &grid_.stage_group : nullptr);
     // every rank decides alike: a non-finite step is not applied; a caught signal stops the run after this step
     int verdict[2] = {std::isfinite(loss) && std::isfinite(norm) ? 0 : 1, stop_signal_caught()};
     all_reduce_ints(verdict, 2, MPI_MAX, MPI_COMM_WORLD, "agreement on the step");
@@ -625,9 +629,15 @@ StepMetrics Trainer<Backend>::train_step(int step) {
     m.dp_bytes = dp_comm_->bytes;
     m.dp_comm = dp_comm_->time;
     if (cp_comm_) m.cp_bytes = cp_comm_->bytes, m.cp_comm = cp_comm_->time;
-    if (pp_comm_) m.pp_bytes = pp_comm_->bytes, m.pp_comm = pp_comm_->time;
     if (pipeline_) {
-        m.pp_bubble = 1.0 - pipeline_->busy_seconds() / pipeline_->seconds();
+        for (Comm* stages : pipeline_->channel_groups()) {
+            m.pp_bytes.pipeline += stages->bytes.pipeline;
+            m.pp_comm.total += stages->time.total;
+            m.pp_comm.exposed += stages->time.exposed;
+        }
+        // on a GPU the host runs ahead of the streams: its clock says nothing of the bubble
+        if constexpr (!Comm::runs_in_enqueue_order)
+            m.pp_bubble = 1.0 - pipeline_->busy_seconds() / pipeline_->seconds();
         const double p = grid_.pp, slots = double(cfg_.train.grad_accum) * cfg_.parallel.vpp;
         m.pp_bubble_theory = (p - 1.0) / (slots + p - 1.0);
     }
@@ -644,20 +654,14 @@ StepMetrics Trainer<Backend>::train_step(int step) {
 // sends its own and takes the other's, so that both add the same two.
 template <class Backend>
 void Trainer<Backend>::exchange_embedding_grads() {
-    if constexpr (std::is_same_v<Comm, Communicator>) {
-        GPTModel<Backend>& model = *model_;
-        if (!model.part.holds_wte()) return;
-        const size_t count = model.embedding_grad_arena.bytes() / sizeof(float);
-        const bool first = model.part.embeddings;
-        const int other = first ? grid_.pp - 1 : 0;
-        // the first stage's grads.wte has no LM head share (zero): the head's arrives there
-        float* own = first ? model.embedding_grad : model.grads.wte;
-        float* theirs = first ? model.grads.wte : model.embedding_grad;
-        typename Comm::Transfer sent = pp_comm_->start_send(own, count, other, 0);
-        typename Comm::Transfer received = pp_comm_->start_receive(theirs, count, other, 0, "tied wte gradients");
-        pp_comm_->wait(received);
-        pp_comm_->wait(sent);
-    }
+    GPTModel<Backend>& model = *model_;
+    if (!model.part.holds_wte()) return;
+    const size_t count = model.embedding_grad_arena.bytes() / sizeof(float);
+    const bool first = model.part.embeddings;
+    // the first stage's grads.wte has no LM head share (zero): the head's arrives there
+    float* own = first ? model.embedding_grad : model.grads.wte;
+    float* theirs = first ? model.grads.wte : model.embedding_grad;
+    pipeline_->exchange_tied_embedding_grads(own, theirs, count);
 }
 
 template <class Backend>
@@ -670,7 +674,8 @@ float Trainer<Backend>::validation_loss() {
 template <class Backend>
 void Trainer<Backend>::score_hellaswag(StepMetrics& m) {
     data_parallel_->parameters_ready();
-    const HellaSwagScore score = tpsp::score_hellaswag(*model_, hellaswag_, grid_.dp_rank, grid_.dp, grid_.dp_group);
+    const HellaSwagScore score = tpsp::score_hellaswag(*model_, hellaswag_, grid_.dp_rank, grid_.dp, grid_.dp_group,
+                                                       pipeline_.get(), grid_.pp > 1 ? &grid_.stage_group : nullptr);
     m.hellaswag_acc_norm = float(score.correct_by_mean) / float(score.examples);
     m.hellaswag_acc = float(score.correct_by_sum) / float(score.examples);
 }
@@ -692,10 +697,12 @@ void Trainer<Backend>::log(const StepMetrics& m, bool last) {
             std::printf(" | CP %s %.1f MB | CP comm %.1f ms, exposed %.1f ms", model_->cp.ring ? "P2P" : "A2A",
                         (m.cp_bytes.all_to_all + m.cp_bytes.ring) / 1e6, m.cp_comm.total * 1e3,
                         m.cp_comm.exposed * 1e3);
-        if (grid_.pp > 1)
-            std::printf(" | PP %.1f MB | PP comm %.1f ms, exposed %.1f ms | bubble %.1f%% (theory %.1f%%)",
-                        m.pp_bytes.pipeline / 1e6, m.pp_comm.total * 1e3, m.pp_comm.exposed * 1e3, 100.0 * m.pp_bubble,
-                        100.0 * m.pp_bubble_theory);
+        if (grid_.pp > 1) {
+            std::printf(" | PP %.1f MB | PP comm %.1f ms, exposed %.1f ms | bubble ", m.pp_bytes.pipeline / 1e6,
+                        m.pp_comm.total * 1e3, m.pp_comm.exposed * 1e3);
+            if (!std::isnan(m.pp_bubble)) std::printf("%.1f%% ", 100.0 * m.pp_bubble);  // not measured on a GPU
+            std::printf("(theory %.1f%%)", 100.0 * m.pp_bubble_theory);
+        }
         if (grid_.replicas > 1)
             std::printf(" | DP RS %.1f AG %.1f MB | DP comm %.1f ms, exposed %.1f ms", m.dp_bytes.reduce_scatter / 1e6,
                         m.dp_bytes.all_gather / 1e6, m.dp_comm.total * 1e3, m.dp_comm.exposed * 1e3);

@@ -33,6 +33,7 @@ struct MPI_Status {
 #define MPI_SUM 1
 #define MPI_MAX 2
 #define MPI_MIN 3
+#define MPI_UNDEFINED (-32766)
 
 namespace single_process_mpi {
 // the bytes of one element; the datatype constants are chosen to need no table
