@@ -359,10 +359,11 @@ private:
         DropoutStep draw;
         float dropout = 0.0f;
     };
-    std::vector<std::vector<ChunkSlot>> slots_;                       // [chunk][slot]
-    std::vector<std::vector<BlockActivations<Act>>> block_sets_;      // [set][a chunk's block]
-    void use_set(int chunk, int slot, int block_set);                 // points blocks, outside and tokens at them
-    int global_layer(int l) const { return part.layers[size_t(l)]; }  // the dropout keys' layer
+    std::vector<std::vector<ChunkSlot>> slots_;                   // [chunk][slot]
+    std::vector<std::vector<BlockActivations<Act>>> block_sets_;  // [set][a chunk's block]
+    void use_set(int chunk, int slot, int block_set);             // points blocks, outside and tokens at them
+    void upload_tokens(const int* inputs, const int* targets, bool first, bool last);  // into the chunk's slot
+    int global_layer(int l) const { return part.layers[size_t(l)]; }                   // the dropout keys' layer
     void embeddings_forward(const DropoutStep& draw, float p);
     void embeddings_backward();
     void refresh_gemm_weights(int stage);
@@ -393,7 +394,8 @@ private:
     int head_split() const { return cp.ring ? tp.size : tp.size * cp.size; }
     int attention_heads() const { return config.num_heads / head_split(); }
     int attention_channels() const { return config.channels / head_split(); }
-    int first_attention_head() const { return (cp.ring ? tp.rank : tp.rank * cp.size + cp.rank) * attention_heads(); }
+    int head_group() const { return cp.ring ? tp.rank : tp.rank * cp.size + cp.rank; }  // this rank's heads, as a group
+    int first_attention_head() const { return head_group() * attention_heads(); }
     bool cp_all_to_all() const { return cp.size > 1 && !cp.ring; }  // sp2hp / hp2sp around the core
     void ring_attention_forward(int layer, Act* out, const DropoutStep& draw, float p);
     // this rank's place in ring attention's layout (model/kernels/cpu_kernels.h)

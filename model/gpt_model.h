@@ -209,8 +209,8 @@ GPTModel<Backend>::GPTModel(const GPTConfig& c, const RunShape& r, const TensorP
     if (group_->size() != tp.size || group_->rank() != tp.rank)
         throw std::logic_error("GPT: the communicator does not match the tensor-parallel layout");
     if (cp.size > 1) {
-        if (config.attention == AttentionKernel::cudnn_fused)
-            throw std::invalid_argument("model.attention: cudnn does not run under context parallelism yet");
+        if (config.attention == AttentionKernel::cudnn_fused && cp.ring)
+            throw std::invalid_argument("model.attention: cudnn runs under context parallelism's a2a only");
         if (config.num_heads % head_split() != 0 || shape.seq_len % (2 * tp.size) != 0)
             throw std::logic_error("GPT: the context-parallel layout does not divide the heads or the positions");
         if (attention_seq() > config.max_seq_len)
@@ -401,11 +401,12 @@ void GPTModel<Backend>::refresh_gemm_weights(int stage) {
 }
 
 // cuDNN's dropout seed for one layer of one forward: Philox of (step,
-// layer, micro-batch, TP rank) under the run's seed, so it differs for every
-// one of them (a rank's heads are its own).
-inline uint64_t fused_attention_seed(const DropoutStep& draw, int layer, int tp_rank) {
+// layer, micro-batch, head group) under the run's seed, so it differs for
+// every one of them (a rank's heads are its own: its group is its TP rank,
+// under CP's a2a tp_rank · cp + cp_rank).
+inline uint64_t fused_attention_seed(const DropoutStep& draw, int layer, int head_group) {
     const PhiloxCounter bits = philox4x32_10(
-        {draw.step, uint32_t(layer), uint32_t(draw.batch_offset), uint32_t(tp_rank)},
+        {draw.step, uint32_t(layer), uint32_t(draw.batch_offset), uint32_t(head_group)},
         {uint32_t(draw.seed), uint32_t(draw.seed >> 32)});
     return uint64_t(bits[0]) | uint64_t(bits[1]) << 32;
 }
@@ -436,14 +437,13 @@ void GPTModel<Backend>::self_attention_forward(int l, const DropoutStep& draw, f
     }
     {
         ComputeSpan span(group_->tracer, "attention");
+        Act* out = cp.size > 1 ? w.cp_out : a.attn_out;
         if constexpr (Backend::has_fused_attention) {
-            if (config.attention == AttentionKernel::cudnn_fused) {
-                fused_attention_forward(a.attn_out, a.softmax_stats, a.qkv, B, T, Ct, heads, p,
-                                        fused_attention_seed(draw, global_layer(l), tp.rank));
-                return;
-            }
+            if (config.attention == AttentionKernel::cudnn_fused)
+                fused_attention_forward(out, a.softmax_stats, a.qkv, B, T, Ct, heads, p,
+                                        fused_attention_seed(draw, global_layer(l), head_group()));
         }
-        explicit_attention_forward(l, cp.size > 1 ? w.cp_out : a.attn_out, draw, p);
+        if (config.attention != AttentionKernel::cudnn_fused) explicit_attention_forward(l, out, draw, p);
     }
     if (cp.size > 1) {
         ComputeSpan span(group_->tracer, "hp2sp");
@@ -567,9 +567,18 @@ void GPTModel<Backend>::self_attention_core_backward(int l, Act* dqkv, const Act
     Workspace<Act>& w = workspace;
     if constexpr (Backend::has_fused_attention) {
         if (config.attention == AttentionKernel::cudnn_fused) {
+            // cuDNN's backward reads the output O as the core wrote it; under CP's a2a the block
+            // keeps it after hp2sp, at its positions: one more sp2hp brings it back into the
+            // heads' layout, in `partial` (free here), rather than keep both (§9)
+            const Act* out = a.attn_out;
+            if (cp.size > 1) {
+                ComputeSpan span(group_->tracer, "sp2hp of the attention output");
+                cp_out_->sequence_to_heads(a.attn_out, w.partial, w.cp_send, w.cp_receive);
+                out = w.partial;
+            }
             ComputeSpan span(group_->tracer, "attention backward");
-            fused_attention_backward(dqkv, dout, a.qkv, a.attn_out, a.softmax_stats, B, T, Ct, heads, p,
-                                     fused_attention_seed(last_draw_, global_layer(l), tp.rank));
+            fused_attention_backward(dqkv, dout, a.qkv, out, a.softmax_stats, B, T, Ct, heads, p,
+                                     fused_attention_seed(last_draw_, global_layer(l), head_group()));
             return;
         }
     }
@@ -698,17 +707,14 @@ void GPTModel<Backend>::embeddings_forward(const DropoutStep& draw, float p) {
     }
 }
 
+// This micro-batch's tokens into the chunk's slot: the inputs where the
+// chunk holds the embeddings, the targets (in the activations' row order,
+// [s, b]) where it holds the loss; under CP this rank's positions of the
+// whole sequences [b, cp·T].
 template <class Backend>
-float GPTModel<Backend>::forward_chunk(int chunk, int slot, int block_set, const int* inputs, const int* targets,
-                                       const DropoutStep& draw, const Act* input, Act* output, bool training,
-                                       const std::function<void(int stage)>& parameters_needed) {
-    const int B = shape.batch, T = shape.seq_len, C = config.channels, L = part.num_layers();
-    const int N = T * B;
-    const BlockRun blocks_run = part.chunks[size_t(chunk)];
-    const bool first = chunk == 0 && part.embeddings, last = chunk + 1 == int(part.chunks.size()) && part.head;
-    const float p = training ? shape.dropout : 0.0f;
-    use_set(chunk, slot, block_set);
-    if (cp.size > 1) {  // this rank's positions of the whole sequences [b, cp·T]
+void GPTModel<Backend>::upload_tokens(const int* inputs, const int* targets, bool first, bool last) {
+    const int B = shape.batch, T = shape.seq_len, N = T * B;
+    if (cp.size > 1) {
         const int S = attention_seq();
         host_cp_inputs_.resize(size_t(N));
         for (int b = 0; b < B; b++)
@@ -719,11 +725,24 @@ float GPTModel<Backend>::forward_chunk(int chunk, int slot, int block_set, const
             }
         inputs = host_cp_inputs_.data();
     } else {
-        for (int b = 0; b < B; b++)  // into the activations' row order, [s, b]
+        for (int b = 0; b < B; b++)
             for (int t = 0; t < T; t++) host_row_targets_[size_t(t) * B + b] = targets[b * T + t];
     }
-    Backend::upload(tokens.inputs, inputs, sizeof(int) * N);
-    Backend::upload(tokens.row_targets, host_row_targets_.data(), sizeof(int) * N);
+    if (first) Backend::upload(tokens.inputs, inputs, sizeof(int) * N);
+    if (last) Backend::upload(tokens.row_targets, host_row_targets_.data(), sizeof(int) * N);
+}
+
+template <class Backend>
+float GPTModel<Backend>::forward_chunk(int chunk, int slot, int block_set, const int* inputs, const int* targets,
+                                       const DropoutStep& draw, const Act* input, Act* output, bool training,
+                                       const std::function<void(int stage)>& parameters_needed) {
+    const int B = shape.batch, T = shape.seq_len, C = config.channels, L = part.num_layers();
+    const int N = T * B;
+    const BlockRun blocks_run = part.chunks[size_t(chunk)];
+    const bool first = chunk == 0 && part.embeddings, last = chunk + 1 == int(part.chunks.size()) && part.head;
+    const float p = training ? shape.dropout : 0.0f;
+    use_set(chunk, slot, block_set);
+    if (first || last) upload_tokens(inputs, targets, first, last);
     ChunkSlot& kept = slots_[size_t(chunk)][size_t(slot)];
     kept.draw = last_draw_ = draw;
     kept.dropout = last_dropout_ = p;

@@ -50,14 +50,17 @@ struct RankStep {
 };
 
 // One step of a rank; with a CP group (cp_group), of a CP rank holding s/cp
-// positions of the same whole batch.
+// positions of the same whole batch. The model is tiny_gpu_config's, its
+// attention kernels `attention`.
 template <class Backend>
 RankStep one_step(const TensorParallelism& tp, typename Backend::Comm* group, const std::vector<int>& tokens,
-                  typename Backend::Comm* cp_group = nullptr) {
-    const GPTConfig config = tpsp::testing::tiny_gpu_config();
-    const int N = shape.batch * shape.seq_len, cp = cp_group ? cp_group->size() : 1;
-    RunShape rank_shape = shape;
-    rank_shape.seq_len = shape.seq_len / cp;
+                  typename Backend::Comm* cp_group = nullptr, const RunShape& run = shape,
+                  AttentionKernel attention = AttentionKernel::explicit_scores) {
+    GPTConfig config = tpsp::testing::tiny_gpu_config();
+    config.attention = attention;
+    const int N = run.batch * run.seq_len, cp = cp_group ? cp_group->size() : 1;
+    RunShape rank_shape = run;
+    rank_shape.seq_len = run.seq_len / cp;
     GPTModel<Backend> model(config, rank_shape, tp, group, cp_group);
     model.init_random(42);
     model.zero_grad();
@@ -67,10 +70,11 @@ RankStep one_step(const TensorParallelism& tp, typename Backend::Comm* group, co
     model.finish_grads();
     step.grads = download_floats(model.grads.wte, model.num_parameters);
     step.parameter_specs = model.parameter_specs;
-    const int64_t scores = int64_t(shape.batch) * (config.num_heads / (tp.size * cp)) * shape.seq_len * shape.seq_len;
-    const int64_t rows = int64_t(tp.local_seq(rank_shape.seq_len)) * shape.batch;
-    for (int l = 0; l < config.num_layers; l++) {
-        step.attention_masks.push_back(download_bytes(model.blocks[l].attn_dropout_mask, scores));
+    const int64_t scores = int64_t(run.batch) * (config.num_heads / (tp.size * cp)) * run.seq_len * run.seq_len;
+    const int64_t rows = int64_t(tp.local_seq(rank_shape.seq_len)) * run.batch;
+    for (int l = 0; l < config.num_layers && run.dropout > 0.0f; l++) {
+        if (model.blocks[l].attn_dropout_mask)  // (cuDNN keeps none)
+            step.attention_masks.push_back(download_bytes(model.blocks[l].attn_dropout_mask, scores));
         step.fc2_masks.push_back(download_bytes(model.blocks[l].fc2_dropout_mask, rows * config.channels));
     }
     return step;
@@ -248,6 +252,41 @@ TEST_F(CudaTensorParallel, TheOneGpuStandInRunsContextParallelism) {
         EXPECT_EQ(wrong, 0) << "masks that are not the one-rank masks at the same heads and positions";
     }
 }
+
+#ifdef TPSP_WITH_CUDNN
+// cuDNN's fused attention under CP's a2a (docs/design.md §9): cp = 2 and 4
+// rank threads, each running cuDNN on every position of its a/cp heads, and
+// in backward sp2hp of the kept output back into the heads' layout, against
+// t = 1 with cuDNN on the same GPU, without dropout (cuDNN's masks are its
+// own, drawn per head group): the loss and the summed gradients at the
+// tolerances above.
+TEST_F(CudaTensorParallel, TheOneGpuStandInRunsCudnnsAttentionUnderContextParallelism) {
+    const GPTConfig config = tpsp::testing::tiny_gpu_config();
+    const RunShape no_dropout{shape.batch, shape.seq_len, 0.0f};
+    const std::vector<int> tokens = tpsp::testing::random_tokens(shape.batch * shape.seq_len, config.vocab_size, 78);
+    const RankStep one = one_step<CudaBackend>({}, nullptr, tokens, nullptr, no_dropout, AttentionKernel::cudnn_fused);
+    for (int cp : {2, 4}) {
+        SCOPED_TRACE("cp=" + std::to_string(cp));
+        std::vector<RankStep> ranks;
+        const auto cp_rank = [&](int, CudaThreadCommunicator* rank) {
+            return one_step<CudaThreadGroupBackend>({}, nullptr, tokens, rank, no_dropout,
+                                                    AttentionKernel::cudnn_fused);
+        };
+        if (!stand_in_steps(cp, cp_rank, &ranks)) return;
+        std::vector<float> summed(one.grads.size(), 0.0f);
+        for (int r = 0; r < cp; r++) {
+            EXPECT_NEAR(ranks[size_t(r)].loss, one.loss, 1e-2 * one.loss) << "rank " << r;
+            for (size_t i = 0; i < summed.size(); i++) summed[i] += ranks[size_t(r)].grads[i];
+        }
+        int64_t at = 0;
+        for (const TensorSpec& spec : one.parameter_specs) {
+            EXPECT_LT(relative_error(summed.data() + at, one.grads.data() + at, spec.elements()), 5e-2)
+                << "gradient of " << spec.name;
+            at += spec.elements();
+        }
+    }
+}
+#endif  // TPSP_WITH_CUDNN
 
 namespace {
 

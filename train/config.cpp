@@ -380,8 +380,6 @@ void validate(const Config& c, const std::string& where) {
         if (c.train.seq_len % (2 * cp * t) != 0)
             fail("parallel.cp", "2 · cp · tp = " + std::to_string(2 * cp * t) + " does not divide train.seq_len = " +
                                     std::to_string(c.train.seq_len) + " (2 · cp chunks of positions, cut by tp)");
-        if (c.model.attention == "cudnn")
-            fail("parallel.cp", "cp > 1 runs the explicit attention kernels only so far (model.attention: explicit)");
     }
     if (const std::string error = pipeline_shape_error(
             {c.parallel.pp, c.parallel.vpp, c.train.grad_accum, c.model.layers});
