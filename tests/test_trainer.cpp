@@ -63,11 +63,11 @@ TEST(Trainer, LossFallsOnTheBible) {
 
 TEST(Trainer, SamplesOfATrainedModelAreTextOfTheCorpusAlphabet) {
     fs::path dir = scratch_dir();
-    Outcome r = run(tiny_train(dir, "train.steps=300 train.warmup_steps=30 train.val_every=0 logging.sample_every=300"),
+    Outcome r = run(tiny_train(dir, "train.steps=150 train.warmup_steps=30 train.val_every=0 logging.sample_every=150"),
                     dir);
     ASSERT_EQ(r.exit_code, 0) << r.err;
-    EXPECT_NE(r.out.find("sample at step 300: "), std::string::npos) << "the trainer prints its sample";
-    Outcome sample = run(tpsp_binary + " sample " + (dir / "ckpt" / "model_00000300.bin").string() +
+    EXPECT_NE(r.out.find("sample at step 150: "), std::string::npos) << "the trainer prints its sample";
+    Outcome sample = run(tpsp_binary + " sample " + (dir / "ckpt" / "model_00000150.bin").string() +
                              " --prompt 'And God said' --tokens 100 --temperature 0.8 --seed 7",
                          dir);
     ASSERT_EQ(sample.exit_code, 0) << sample.err;
