@@ -170,6 +170,22 @@ void expect_stand_in_equals_one_rank(const RankStep& one, int t, bool sequence_p
     }
 }
 
+// Every CP rank's loss is the one rank's, and their gradients summed are its
+// gradient, at the tolerances above.
+void expect_context_parallel_ranks_equal_one_rank(const std::vector<RankStep>& ranks, const RankStep& one) {
+    std::vector<float> summed(one.grads.size(), 0.0f);
+    for (size_t r = 0; r < ranks.size(); r++) {
+        EXPECT_NEAR(ranks[r].loss, one.loss, 1e-2 * one.loss) << "rank " << r;
+        for (size_t i = 0; i < summed.size(); i++) summed[i] += ranks[r].grads[i];
+    }
+    int64_t at = 0;
+    for (const TensorSpec& spec : one.parameter_specs) {
+        EXPECT_LT(relative_error(summed.data() + at, one.grads.data() + at, spec.elements()), 5e-2)
+            << "gradient of " << spec.name;
+        at += spec.elements();
+    }
+}
+
 class CudaTensorParallel : public tpsp::testing::GpuTest {};
 
 }  // namespace
@@ -222,17 +238,7 @@ TEST_F(CudaTensorParallel, TheOneGpuStandInRunsContextParallelism) {
             return one_step<CudaThreadGroupBackend>({}, nullptr, tokens, rank);
         };
         if (!stand_in_steps(cp, cp_rank, &ranks)) return;
-        std::vector<float> summed(one.grads.size(), 0.0f);
-        for (int r = 0; r < cp; r++) {
-            EXPECT_NEAR(ranks[size_t(r)].loss, one.loss, 1e-2 * one.loss) << "rank " << r;
-            for (size_t i = 0; i < summed.size(); i++) summed[i] += ranks[size_t(r)].grads[i];
-        }
-        int64_t at = 0;
-        for (const TensorSpec& spec : one.parameter_specs) {
-            EXPECT_LT(relative_error(summed.data() + at, one.grads.data() + at, spec.elements()), 5e-2)
-                << "gradient of " << spec.name;
-            at += spec.elements();
-        }
+        expect_context_parallel_ranks_equal_one_rank(ranks, one);
         const int S = shape.seq_len, B = shape.batch, C = config.channels, heads = config.num_heads / cp;
         int wrong = 0;
         for (int r = 0; r < cp; r++) {
@@ -273,17 +279,7 @@ TEST_F(CudaTensorParallel, TheOneGpuStandInRunsCudnnsAttentionUnderContextParall
                                                     AttentionKernel::cudnn_fused);
         };
         if (!stand_in_steps(cp, cp_rank, &ranks)) return;
-        std::vector<float> summed(one.grads.size(), 0.0f);
-        for (int r = 0; r < cp; r++) {
-            EXPECT_NEAR(ranks[size_t(r)].loss, one.loss, 1e-2 * one.loss) << "rank " << r;
-            for (size_t i = 0; i < summed.size(); i++) summed[i] += ranks[size_t(r)].grads[i];
-        }
-        int64_t at = 0;
-        for (const TensorSpec& spec : one.parameter_specs) {
-            EXPECT_LT(relative_error(summed.data() + at, one.grads.data() + at, spec.elements()), 5e-2)
-                << "gradient of " << spec.name;
-            at += spec.elements();
-        }
+        expect_context_parallel_ranks_equal_one_rank(ranks, one);
     }
 }
 #endif  // TPSP_WITH_CUDNN
