@@ -141,6 +141,11 @@ public:
     // can block the other).
     void start_exchange(const float* send, float* receive, size_t count, int to, int from, int tag, const char* name,
                         Transfer* sent, Transfer* received);
+    // One element across a group of two, this end sending or receiving: what
+    // NcclCommunicator does to connect a pipeline channel's pair when it is
+    // made; over MPI nothing needs connecting, and it only shows that both
+    // ends agree on their roles (pipeline_channels.h).
+    void connect_one_way(bool sender);
     Transfer start_all_gather(const float* shard, float* full, size_t count, const char* name);
     Transfer start_reduce_scatter(const float* full, float* shard, size_t count, const char* name);
     Transfer start_all_to_all(const float* send, float* receive, size_t count, const char* name);

@@ -92,6 +92,14 @@ public:
     Transfer start_send(const float* data, size_t count, int peer, int tag);
     Transfer start_receive(bf16* data, size_t count, int peer, int tag, const char* name);
     Transfer start_receive(float* data, size_t count, int peer, int tag, const char* name);
+    // NCCL connects a group's two ranks at their first send or receive, and
+    // that first call waits, on the host, for the peer's first call on the
+    // group: were that a pipeline's first transfer, two stages each sending
+    // first on one group and receiving on another would wait for each other
+    // for ever (the tied wte's exchange at vpp = 1). A channel is connected
+    // when it is made instead, both ends there (one element, this end sending
+    // or receiving).
+    void connect_one_way(bool sender);
     Transfer start_all_gather(const bf16* shard, bf16* full, size_t count, const char* name);
     Transfer start_reduce_scatter(const bf16* full, bf16* shard, size_t count, const char* name);
     // The data-parallel buckets' collectives on fp32 device buffers, on blocks

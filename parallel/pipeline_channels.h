@@ -72,10 +72,11 @@ PipelineChannels<Comm> pipeline_channels_over(Comm& stages) {
 MPI_Comm pipeline_link_group(MPI_Comm stages, int link);
 
 // The four channels on groups of two of their own (NCCL), made by
-// make_group(MPI_Comm) → std::unique_ptr<Comm>. Collective over `stages`:
-// every stage makes the groups link by link, in one order, so that the
-// groups' own set-up (NCCL's, collective over the pair) never waits on a
-// stage that is setting up another.
+// make_group(MPI_Comm) → std::unique_ptr<Comm> and connected at once
+// (Comm::connect_one_way: NCCL's first transfer on a group waits for the
+// peer's). Collective over `stages`: every stage makes and connects the
+// groups link by link, in one order, so that a group's set-up (collective
+// over its pair) never waits on a stage that is setting up another.
 template <class Comm, class MakeGroup>
 PipelineChannels<Comm> pipeline_channels_in_pairs(MPI_Comm stages, const MakeGroup& make_group) {
     int stage = 0, p = 1;
@@ -90,6 +91,7 @@ PipelineChannels<Comm> pipeline_channels_in_pairs(MPI_Comm stages, const MakeGro
             Comm* group = channels.own_groups.back().get();
             const PipelineChannel<Comm> channel{group, 1 - group->rank(), 0};
             const bool sender = (stage == link) == forward;  // forward: stage s sends; backward: s + 1
+            group->connect_one_way(sender);
             if (forward) (sender ? channels.forward_out : channels.forward_in) = channel;
             else (sender ? channels.backward_out : channels.backward_in) = channel;
         }

@@ -18,6 +18,7 @@
 #include "parallel/communicator.h"
 #include "parallel/mappings.h"
 #include "parallel/overlap.h"
+#include "parallel/pipeline_channels.h"
 #include "parallel/process_grid.h"
 #include "parallel/thread_group.h"
 #include "parallel/trace.h"
@@ -785,6 +786,47 @@ TEST(ContextParallel, TheGridPutsTpInnermostThenCpThenDp) {
         expected.clear();
         for (int r = 0; r < g.replicas; r++) expected.push_back(float(r * tp + g.tp_rank));
         EXPECT_EQ(members(g.replica_group), expected) << "replica group, in replica rank order";
+    }
+}
+
+// A pipeline's channels on groups of two of their own (the GPU's layout,
+// pipeline_channels_in_pairs), here over MPI: at p = 4 (the world) and p = 2
+// (two pipelines, ranks {0, 2} and {1, 3}), each stage's forward channel
+// brings the previous stage's message (the last stage's to the first) and its
+// backward channel the next stage's (the first stage's to the last): the wrap
+// link's two directions are also the tied wte's exchange.
+TEST(PipelineChannels, InPairsEachStageHearsItsNeighbours) {
+    int world_rank;
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    for (int p : {4, 2}) {
+        SCOPED_TRACE("p=" + std::to_string(p));
+        MPI_Comm stages;
+        MPI_Comm_split(MPI_COMM_WORLD, world_rank % (4 / p), world_rank, &stages);
+        int stage;
+        MPI_Comm_rank(stages, &stage);
+        PipelineChannels<Communicator> channels = pipeline_channels_in_pairs<Communicator>(
+            stages, [](MPI_Comm pair) { return std::make_unique<Communicator>(pair); });
+        ASSERT_EQ(channels.groups().size(), 4u);
+        const int next = (stage + 1) % p, previous = (stage + p - 1) % p;
+        const float forward = float(stage * 10 + 1), backward = float(stage * 10 + 2);
+        float from_previous = -1.0f, from_next = -1.0f;
+        using Transfer = Communicator::Transfer;
+        const auto receive = [](const PipelineChannel<Communicator>& c, float* into) {
+            return c.group->start_receive(into, 1, c.peer, c.tag, "test");
+        };
+        const auto send = [](const PipelineChannel<Communicator>& c, const float* what) {
+            return c.group->start_send(what, 1, c.peer, c.tag);
+        };
+        Transfer from_previous_t = receive(channels.forward_in, &from_previous);
+        Transfer from_next_t = receive(channels.backward_in, &from_next);
+        Transfer forward_t = send(channels.forward_out, &forward);
+        Transfer backward_t = send(channels.backward_out, &backward);
+        channels.forward_in.group->wait(from_previous_t);
+        channels.backward_in.group->wait(from_next_t);
+        channels.forward_out.group->wait(forward_t);
+        channels.backward_out.group->wait(backward_t);
+        EXPECT_EQ(from_previous, float(previous * 10 + 1)) << "stage " << stage << ": forward from the previous";
+        EXPECT_EQ(from_next, float(next * 10 + 2)) << "stage " << stage << ": backward from the next";
     }
 }
 
