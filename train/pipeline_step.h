@@ -54,8 +54,8 @@ public:
     using Transfer = typename Comm::Transfer;
 
     PipelineStep(GPTModel<Backend>& model, PipelineChannels<Comm> channels, const PipelineShape& shape, int stage)
-        : model_(model), channels_(std::move(channels)), shape_(shape), stage_(stage),
-          schedule_(pipeline_schedule(shape, stage)),
+        : model_(model), channels_(std::move(channels)), channel_groups_(channels_.groups()), shape_(shape),
+          stage_(stage), schedule_(pipeline_schedule(shape, stage)),
           rows_(size_t(model.tp.local_seq(model.shape.seq_len)) * model.shape.batch * model.config.channels),
           received_{Received(rows_), Received(rows_)}, set_free_(size_t(model.part.block_sets), true),
           sets_(size_t(shape.chunks) * size_t(shape.micro_batches), 0) {
@@ -71,7 +71,7 @@ public:
     Tracer* tracer = nullptr;  // where set: each action's span, and the waits before them, on the pipeline row
 
     // every group the channels use: their bytes (CollectiveBytes::pipeline) and times
-    std::vector<Comm*> channel_groups() const { return channels_.groups(); }
+    const std::vector<Comm*>& channel_groups() const { return channel_groups_; }
 
     // Of the last run(): its length, and the part of it this stage computed
     // (the rest, waiting for the neighbours' boundaries, is its bubble).
@@ -264,6 +264,7 @@ private:
 
     GPTModel<Backend>& model_;
     PipelineChannels<Comm> channels_;
+    std::vector<Comm*> channel_groups_;  // channels_.groups(), once
     PipelineShape shape_;
     int stage_;
     std::vector<PipelineAction> schedule_;                  // the training step's

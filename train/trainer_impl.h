@@ -573,11 +573,10 @@ StepMetrics Trainer<Backend>::train_step(int step) {
     model.zero_grad();
     tp_comm_->bytes = {};
     tp_comm_->time = {};
-    std::vector<Comm*> groups{dp_comm_.get(), dp_gather_comm_.get(), cp_comm_.get()};
-    if (pipeline_)
-        for (Comm* stages : pipeline_->channel_groups()) groups.push_back(stages);
-    for (Comm* group : groups)
+    for (Comm* group : {dp_comm_.get(), dp_gather_comm_.get(), cp_comm_.get()})
         if (group) group->bytes = {}, group->time = {};
+    if (pipeline_)
+        for (Comm* stages : pipeline_->channel_groups()) stages->bytes = {}, stages->time = {};
     const float dloss = 1.0f / float(tokens_per_step_);
     double loss = 0.0;
     auto draw = [&](int micro) {
