@@ -19,6 +19,11 @@ Dim cuda_attention_scratch(int64_t b, int64_t s, int64_t h, int64_t a, int64_t t
     return {cuda_attention_scratch_elements(b, s, h / t, a / t), symbol};
 }
 
+Dim cuda_ring_attention_scratch(int64_t b, int64_t s, int64_t h, int64_t a, int64_t t) {
+    const char* symbol = t > 1 ? "2·b·s·h/t+8·s·h/t+a/t·s²+128" : "2·b·s·h+8·s·h+a·s²+128";
+    return {cuda_ring_attention_scratch_elements(b, s, h / t, a / t), symbol};
+}
+
 void CpuBackend::add(float* acc, const float* x, int64_t n) {
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; i++) acc[i] += x[i];

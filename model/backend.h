@@ -36,6 +36,8 @@ struct SquareSumRange {
 // The CUDA attention kernels' scratch (attention_scratch.h), as a table
 // dimension; here so that the memory report can size a GPU run anywhere.
 Dim cuda_attention_scratch(int64_t b, int64_t s, int64_t h, int64_t a, int64_t t);
+// ring attention's, s = s/cp this rank's positions
+Dim cuda_ring_attention_scratch(int64_t b, int64_t s, int64_t h, int64_t a, int64_t t);
 
 // What the model needs of a backend, checked where each backend is defined
 // (below for the CPU, cuda_backend.h for CUDA) and by GPTModel<Backend>.
@@ -57,6 +59,7 @@ concept ModelBackend = requires(void* dst, const void* src, size_t bytes, float*
     B::add(f, cf, n);
     B::square_sums(cf, ranges, sums);
     { B::attention_scratch(n, n, n, n, n) } -> std::same_as<Dim>;
+    { B::ring_attention_scratch(n, n, n, n, n) } -> std::same_as<Dim>;
     B::finish_losses(f, f, cf, cf, rows);
     { B::mean_loss(cf, rows) } -> std::convertible_to<float>;
     B::adamw_update(f, cf, f, f, n, 0.0f, step);
@@ -80,7 +83,6 @@ struct CpuBackend {
     static constexpr bool copies_gemm_weights = false;
     // no cuDNN: attention is the explicit kernels only
     static constexpr bool has_fused_attention = false;
-    static constexpr bool has_ring_attention = true;  // cp_comm_type p2p
 
     static const Memory& memory() { return host_memory; }
     static void copy(void* dst, const void* src, size_t bytes) { std::memmove(dst, src, bytes); }
@@ -95,6 +97,10 @@ struct CpuBackend {
 
     // attention_backward's scratch: one [s, s] score gradient per OpenMP thread
     static Dim attention_scratch(int64_t b, int64_t s, int64_t h, int64_t a, int64_t t);
+    // ring attention's (s = s/cp): a pair of chunks' 4·c² floats per OpenMP thread, c = s/2
+    static Dim ring_attention_scratch(int64_t b, int64_t s, int64_t h, int64_t a, int64_t t) {
+        return attention_scratch(b, s, h, a, t);
+    }
     // after the cross-entropy's all-reduces: lse = max + log Σ, loss = lse − target logit
     static void finish_losses(float* losses, float* lse, const float* maxes, const float* stats, int N);
     // mean of losses [N], to the host

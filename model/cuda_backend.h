@@ -39,7 +39,6 @@ struct CudaBackend {
 #else
     static constexpr bool has_fused_attention = false;  // built without cuDNN
 #endif
-    static constexpr bool has_ring_attention = false;  // cp_comm_type p2p: the CPU's kernels only, so far
 
     static const Memory& memory();  // cudaMalloc, zero-filled
     static void copy(void* dst, const void* src, size_t bytes);
@@ -52,6 +51,9 @@ struct CudaBackend {
     static void cast(bf16* out, const float* inp, int64_t n) { cast_to_bf16(out, inp, n); }
 
     static Dim attention_scratch(int64_t b, int64_t s, int64_t h, int64_t a, int64_t t);
+    static Dim ring_attention_scratch(int64_t b, int64_t s, int64_t h, int64_t a, int64_t t) {
+        return cuda_ring_attention_scratch(b, s, h, a, t);
+    }
     static void finish_losses(float* losses, float* lse, const float* maxes, const float* stats, int N) {
         crossentropy_loss_forward(losses, lse, maxes, stats, N);
     }

@@ -210,15 +210,14 @@ GPTModel<Backend>::GPTModel(const GPTConfig& c, const RunShape& r, const TensorP
         throw std::logic_error("GPT: the communicator does not match the tensor-parallel layout");
     if (cp.size > 1) {
         if (config.attention == AttentionKernel::cudnn_fused && cp.ring)
-            throw std::invalid_argument("model.attention: cudnn runs under context parallelism's a2a only");
+            throw std::invalid_argument(
+                "model.attention: cudnn runs under context parallelism's a2a only (p2p's "
+                "ring merges the blocks by statistics the explicit kernels keep)");
         if (config.num_heads % head_split() != 0 || shape.seq_len % (2 * tp.size) != 0)
             throw std::logic_error("GPT: the context-parallel layout does not divide the heads or the positions");
         if (attention_seq() > config.max_seq_len)
             throw std::logic_error("GPT: under context parallelism the shape is a CP rank's: cp · seq_len = " +
                                    std::to_string(attention_seq()) + " positions, more than max_seq_len");
-        if (cp.ring && !Backend::has_ring_attention)
-            throw std::invalid_argument(
-                "parallel.cp_comm_type: p2p (ring attention) runs on the CPU backend so far (a2a runs on both)");
     }
     if (cp_all_to_all()) {
         const int qkv_heads = config.num_heads / tp.size, head_size = config.channels / config.num_heads;
@@ -294,10 +293,10 @@ GPTModel<Backend>::GPTModel(const GPTConfig& c, const RunShape& r, const TensorP
     }
     activation_arena = Arena(activations, memory);
     const Dim scratch = attention_scratch_for(
-        config,
-        // ring attention's kernels want 4·c² floats a thread (c = s/(2·cp)): (s/cp)², not s²
-        Backend::attention_scratch(shape.batch, cp.ring ? shape.seq_len : attention_seq(), config.channels,
-                                   config.num_heads, head_split()));
+        config, cp.ring ? Backend::ring_attention_scratch(shape.batch, shape.seq_len, config.channels, config.num_heads,
+                                                          head_split())
+                        : Backend::attention_scratch(shape.batch, attention_seq(), config.channels, config.num_heads,
+                                                     head_split()));
     workspace_arena = Arena(workspace_table(chunk_config, shape, tp, scratch, &workspace, cp, &part), memory);
     token_arena = Arena(token_tables, memory);
     recomputed_runs_ = recomputed_runs(shape, chunk_config.num_layers);
@@ -471,70 +470,63 @@ void GPTModel<Backend>::explicit_attention_forward(int l, Act* out, const Dropou
 // each row's log-sum-exp, from which backward recomputes them block by block.
 template <class Backend>
 void GPTModel<Backend>::ring_attention_forward(int l, Act* out, const DropoutStep& draw, float p) {
-    if constexpr (Backend::has_ring_attention) {
-        const int B = shape.batch, T = shape.seq_len, Ct = attention_channels();
-        const RingAttention ra = ring_layout(draw.batch_offset);
-        const DropoutKey key{draw.seed, draw.step, uint32_t(global_layer(l)), DropoutSite::attention_probs};
-        BlockActivations<Act>& a = blocks[l];
-        Workspace<Act>& w = workspace;
-        const size_t block = size_t(T) * B * 2 * Ct;
-        cp_group_->copy_rows(w.ring_kv, 2 * Ct, a.qkv + Ct, 3 * Ct, size_t(T) * B, 2 * Ct);  // K | V
-        ring_attention_start(out, w.ring_stats, ra);
-        ring_pass_overlapped(*cp_group_, w.ring_kv, w.ring_kv + block, block,
-                             [&](int source, const Act* kv, const auto& poll) {
-                                 ComputeSpan span(group_->tracer, "ring attention");
-                                 const int chunks[2] = {cp.chunk_of(source, 0), cp.chunk_of(source, 1)};
-                                 for (int b = 0; b < B; b++) {
-                                     ring_attention_forward_block(out, w.ring_stats, a.softmax_out, a.qkv, kv, chunks,
-                                                                  ra, b, p, key, w.attention_scratch);
-                                     poll();
-                                     background_transfers.poll();  // the DP buckets', where in flight
-                                 }
-                             });
-        ComputeSpan span(group_->tracer, "ring attention");
-        ring_attention_finish(out, a.softmax_out, a.attn_dropout_mask, a.attn_dropout_out, a.softmax_stats,
-                              w.ring_stats, ra, p, key);
-    } else {
-        (void)l, (void)out, (void)draw, (void)p;
-    }
+    const int B = shape.batch, T = shape.seq_len, Ct = attention_channels();
+    const RingAttention ra = ring_layout(draw.batch_offset);
+    const DropoutKey key{draw.seed, draw.step, uint32_t(global_layer(l)), DropoutSite::attention_probs};
+    BlockActivations<Act>& a = blocks[l];
+    Workspace<Act>& w = workspace;
+    const size_t block = size_t(T) * B * 2 * Ct;
+    cp_group_->copy_rows(w.ring_kv, 2 * Ct, a.qkv + Ct, 3 * Ct, size_t(T) * B, 2 * Ct);  // K | V
+    ring_attention_start(out, w.ring_stats, ra, w.attention_scratch);
+    ring_pass_overlapped(*cp_group_, w.ring_kv, w.ring_kv + block, block,
+                         [&](int source, const Act* kv, const auto& poll) {
+                             ComputeSpan span(group_->tracer, "ring attention");
+                             const int chunks[2] = {cp.chunk_of(source, 0), cp.chunk_of(source, 1)};
+                             for (int b = 0; b < B; b++) {
+                                 ring_attention_forward_block(out, w.ring_stats, a.softmax_out, a.qkv, kv, chunks, ra,
+                                                              b, p, key, w.attention_scratch);
+                                 poll();
+                                 background_transfers.poll();  // the DP buckets', where in flight
+                             }
+                         });
+    ComputeSpan span(group_->tracer, "ring attention");
+    ring_attention_finish(out, a.softmax_out, a.attn_dropout_mask, a.attn_dropout_out, a.softmax_stats, w.ring_stats,
+                          ra, p, key, w.attention_scratch);
 }
 
 // Backward: the K|V blocks go round again and each block's dK|dV follows,
 // gathering every rank's part on its way home; dQ stays here.
 template <class Backend>
 void GPTModel<Backend>::ring_attention_backward(int l, Act* dqkv, const Act* dout) {
-    if constexpr (Backend::has_ring_attention) {
-        const int B = shape.batch, T = shape.seq_len, Ct = attention_channels();
-        const RingAttention ra = ring_layout(last_draw_.batch_offset);
-        const float p = last_dropout_;
-        const DropoutKey key{last_draw_.seed, last_draw_.step, uint32_t(global_layer(l)), DropoutSite::attention_probs};
-        const BlockActivations<Act>& a = blocks[l];
-        Workspace<Act>& w = workspace;
-        const size_t block = size_t(T) * B * 2 * Ct;
-        {
-            ComputeSpan span(group_->tracer, "ring attention backward");
-            cp_group_->copy_rows(w.ring_kv, 2 * Ct, a.qkv + Ct, 3 * Ct, size_t(T) * B, 2 * Ct);
-            ring_attention_backward_start(w.ring_stats, dqkv, dout, a.attn_out, ra);
-        }
-        Act* home = w.ring_dkv + 3 * block;
-        ring_pass_with_gradients_overlapped(
-            *cp_group_, w.ring_kv, w.ring_kv + block, w.ring_dkv, w.ring_dkv + block, home, block,
-            [&](int source, const Act* kv, Act* partial, const auto& poll) {
-                ComputeSpan span(group_->tracer, "ring attention backward");
-                const int chunks[2] = {cp.chunk_of(source, 0), cp.chunk_of(source, 1)};
-                Backend::zero(partial, block * sizeof(Act));
-                for (int b = 0; b < B; b++) {
-                    ring_attention_backward_block(dqkv, partial, dout, a.qkv, kv, a.softmax_out, a.attn_dropout_mask,
-                                                  a.attn_dropout_out, a.softmax_stats, w.ring_stats, chunks, ra, b, p,
-                                                  key, w.attention_scratch);
-                    poll();
-                    background_transfers.poll();  // the DP buckets' (backward starts them)
-                }
-            });
-        cp_group_->copy_rows(dqkv + Ct, 3 * Ct, home, 2 * Ct, size_t(T) * B, 2 * Ct);  // dK | dV
-    } else {
-        (void)l, (void)dqkv, (void)dout;
+    const int B = shape.batch, T = shape.seq_len, Ct = attention_channels();
+    const RingAttention ra = ring_layout(last_draw_.batch_offset);
+    const float p = last_dropout_;
+    const DropoutKey key{last_draw_.seed, last_draw_.step, uint32_t(global_layer(l)), DropoutSite::attention_probs};
+    const BlockActivations<Act>& a = blocks[l];
+    Workspace<Act>& w = workspace;
+    const size_t block = size_t(T) * B * 2 * Ct;
+    {
+        ComputeSpan span(group_->tracer, "ring attention backward");
+        cp_group_->copy_rows(w.ring_kv, 2 * Ct, a.qkv + Ct, 3 * Ct, size_t(T) * B, 2 * Ct);
+        ring_attention_backward_start(w.ring_stats, dqkv, dout, a.attn_out, ra, w.attention_scratch);
     }
+    Act* home = w.ring_dkv + 3 * block;
+    ring_pass_with_gradients_overlapped(*cp_group_, w.ring_kv, w.ring_kv + block, w.ring_dkv, w.ring_dkv + block, home,
+                                        block, [&](int source, const Act* kv, Act* partial, const auto& poll) {
+                                            ComputeSpan span(group_->tracer, "ring attention backward");
+                                            const int chunks[2] = {cp.chunk_of(source, 0), cp.chunk_of(source, 1)};
+                                            Backend::zero(partial, block * sizeof(Act));
+                                            for (int b = 0; b < B; b++) {
+                                                ring_attention_backward_block(
+                                                    dqkv, partial, dout, a.qkv, kv, a.softmax_out, a.attn_dropout_mask,
+                                                    a.attn_dropout_out, a.softmax_stats, w.ring_stats, chunks, ra, b, p,
+                                                    key, w.attention_scratch);
+                                                poll();
+                                                background_transfers.poll();  // the DP buckets' (backward starts them)
+                                            }
+                                        });
+    cp_group_->copy_rows(dqkv + Ct, 3 * Ct, home, 2 * Ct, size_t(T) * B, 2 * Ct);  // dK | dV
+    ring_attention_backward_finish(dqkv, w.attention_scratch, ra);                 // dQ
 }
 
 // dL/d(qkv) into workspace.wide_grad from dL/d(attn_out) in workspace.attn_grad.

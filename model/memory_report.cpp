@@ -182,17 +182,21 @@ static MemoryReport report(const GPTConfig& c, const RunShape& r, const TensorPa
 MemoryReport memory_report(const GPTConfig& c, const RunShape& r, const TensorParallelism& tp, Device device,
                            const ContextParallelism& cp) {
     // the attention core's: every position, a/(t·cp) heads; under ring attention
-    // a/t heads, and scratch for pairs of chunks, (s/cp)² a thread
+    // a/t heads of this rank's s/cp positions, and the ring kernels' own scratch
     const int64_t b = r.batch, h = c.channels, a = c.num_heads;
     const int64_t s = cp.ring ? r.seq_len / cp.size : r.seq_len;
     const int64_t t = int64_t(tp.size) * (cp.ring ? 1 : cp.size);
-    if (device == Device::cuda && cp.ring)
-        throw std::invalid_argument("parallel.cp_comm_type: p2p (ring attention) runs on the CPU backend so far");
     if (device == Device::cuda)
-        return report<uint16_t>(c, r, tp, attention_scratch_for(c, cuda_attention_scratch(b, s, h, a, t)), "cuda", cp);
+        return report<uint16_t>(c, r, tp,
+                                attention_scratch_for(c, cp.ring ? cuda_ring_attention_scratch(b, s, h, a, t)
+                                                                 : cuda_attention_scratch(b, s, h, a, t)),
+                                "cuda", cp);
     if (c.attention == AttentionKernel::cudnn_fused)
         throw std::invalid_argument("model.attention: cudnn is cuDNN's fused attention: it needs the GPU");
-    return report<float>(c, r, tp, CpuBackend::attention_scratch(b, s, h, a, t), "cpu", cp);
+    return report<float>(
+        c, r, tp,
+        cp.ring ? CpuBackend::ring_attention_scratch(b, s, h, a, t) : CpuBackend::attention_scratch(b, s, h, a, t),
+        "cpu", cp);
 }
 
 // The tables of the blocks a part keeps: its activation sets × one chunk's blocks.

@@ -49,11 +49,15 @@ std::string TensorSpec::symbol_text() const {
 }
 
 std::string TensorSpec::formula_text(DType activation) const {
-    // a leading integer of a symbol ("3h", "4h/t") moves to the front, and a
-    // symbol that repeats is squared ("s·s" -> "s²")
+    // a leading integer of a symbol ("3h", "4h/t") moves to the front, a sum
+    // is bracketed, and a symbol that repeats is squared ("s·s" -> "s²")
     long factor = 1;
     std::vector<std::string> symbols;
     for (const Dim& d : shape) {
+        if (d.symbol.find('+') != std::string::npos) {
+            symbols.push_back("(" + d.symbol + ")");
+            continue;
+        }
         size_t digits = 0;
         while (digits < d.symbol.size() && d.symbol[digits] >= '0' && d.symbol[digits] <= '9') digits++;
         if (digits) factor *= std::stol(d.symbol.substr(0, digits));

@@ -264,7 +264,8 @@ fi
 # --- 4. GPU tests ---------------------------------------------------------------------------------------
 run_step "GPU tests (ctest, one process each)" 150 gpu_tests
 # TP+SP on the GPU: the one-GPU stand-in (t rank threads) at t = 2 and 4, SP and TP-only, every overlap
-# switch and both reduce-scatter methods, and context parallelism at cp = 2 and 4, against t = 1; data
+# switch and both reduce-scatter methods, and context parallelism at cp = 2 and 4 (a2a, cuDNN under a2a, and
+# ring attention), against t = 1; data
 # parallelism at dp = 2 (× t = 2) in every mode to plain DP's bits, and against one rank
 # (tests/test_cuda_tensor_parallel.cpp)
 tp_sweep() { gpu_tests_matching CudaTensorParallel; }

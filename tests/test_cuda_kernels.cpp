@@ -4,7 +4,9 @@
 // failed, where no GPU is present.
 #include <dlfcn.h>
 #include <gtest/gtest.h>
+#include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <string>
@@ -313,6 +315,109 @@ TEST_F(CudaKernels, AttentionMatchesCpuWithTheSameMasks) {
         expect_close(host_float(d_out), out, "attention out", 2e-2);
         expect_close(host_float(d_dqkv), dqkv, "attention dqkv", 3e-2);
     }
+}
+
+// Ring attention's CUDA kernels (context parallelism's p2p) against the
+// CPU's, which test_kernels.cpp proves against the unsplit attention: every
+// CP rank of cp = 2 and 3 simulated here on the same bf16 inputs, the K|V
+// blocks in the ring's order (the rank's own, then r − 1, r − 2, …), S'
+// kept or (selective recomputation) rebuilt from the rows' log-sum-exp,
+// dropout 0 and 0.2, heads NH .. 2NH of 2NH of the micro-batch's second
+// sequence onwards (the global dropout coordinates). The output, S' and S,
+// the log-sum-exp, each block's dK|dV part and dQ at bf16 tolerances; the
+// masks bit for bit.
+TEST_F(CudaKernels, RingAttentionMatchesTheCpusRingKernels) {
+    constexpr int S = 48, RB = 2;
+    const DropoutKey key{5, 2, 1, DropoutSite::attention_probs};
+    const auto qkv = random_bf16_values(size_t(S) * RB * 3 * C, 61), dout = random_bf16_values(size_t(S) * RB * C, 62);
+    for (int cp : {2, 3})
+        for (float p : {0.0f, 0.2f})
+            for (bool recompute : {false, true}) {
+                SCOPED_TRACE("cp " + std::to_string(cp) + " dropout " + std::to_string(p) +
+                             (recompute ? " recomputed" : " S' kept"));
+                const int c = S / (2 * cp), T_loc = S / cp;
+                const auto chunk_of = [&](int r, int half) { return half == 0 ? r : 2 * cp - 1 - r; };
+                // rank r's rows of a [S, RB, full_width] tensor: columns [offset, offset + width)
+                const auto rows_of = [&](const std::vector<float>& full, int r, int width, int offset, int full_width) {
+                    std::vector<float> local(size_t(T_loc) * RB * width);
+                    for (int i = 0; i < T_loc; i++)
+                        for (int b = 0; b < RB; b++)
+                            for (int j = 0; j < width; j++)
+                                local[(size_t(i) * RB + b) * width + j] =
+                                    full[(size_t(chunk_of(r, i / c) * c + i % c) * RB + b) * full_width + offset + j];
+                    return local;
+                };
+                const auto q_columns = [&](const std::vector<float>& dqkv) { return rows_of(dqkv, 0, C, 0, 3 * C); };
+                for (int r = 0; r < cp; r++) {
+                    SCOPED_TRACE("rank " + std::to_string(r));
+                    const RingAttention ra{RB, T_loc, S, C, NH, c, {chunk_of(r, 0), chunk_of(r, 1)}, 2 * NH, NH, 1};
+                    const std::vector<float> q = rows_of(qkv, r, 3 * C, 0, 3 * C), d = rows_of(dout, r, C, 0, C);
+                    const size_t rows = size_t(RB) * NH * T_loc, scores = size_t(RB) * 2 * NH * c * S;
+                    std::vector<float> o(size_t(T_loc) * RB * C), stats(2 * rows), sp(scores), sd(scores), lse(rows);
+                    std::vector<float> scratch(size_t(omp_get_max_threads()) * T_loc * T_loc);
+                    std::vector<uint8_t> mask(scores);
+                    auto g_q = device_bf16(q), g_d = device_bf16(d);
+                    DeviceBuffer<bf16> g_o(o.size()), g_sp(scores), g_sd(scores), g_kv(size_t(T_loc) * RB * 2 * C),
+                        g_scratch(size_t(cuda_ring_attention_scratch_elements(RB, T_loc, C, NH)));
+                    DeviceBuffer<float> g_stats(2 * rows), g_lse(rows);
+                    DeviceBuffer<uint8_t> g_mask(scores);
+                    bf16* g_kept = recompute ? nullptr : g_sp.data();
+
+                    ring_attention_start(o.data(), stats.data(), ra, scratch.data());
+                    ring_attention_start(g_o.data(), g_stats.data(), ra, g_scratch.data());
+                    for (int step = 0; step < cp; step++) {
+                        const int source = (r - step + cp) % cp, chunks[2] = {chunk_of(source, 0), chunk_of(source, 1)};
+                        const std::vector<float> kv = rows_of(qkv, source, 2 * C, C, 3 * C);
+                        sync();  // the last block's kernels have read g_kv
+                        g_kv.upload(to_bf16(kv));
+                        for (int b = 0; b < RB; b++) {
+                            ring_attention_forward_block(o.data(), stats.data(), recompute ? nullptr : sp.data(),
+                                                         q.data(), kv.data(), chunks, ra, b, p, key, scratch.data());
+                            ring_attention_forward_block(g_o.data(), g_stats.data(), g_kept, g_q.data(), g_kv.data(),
+                                                         chunks, ra, b, p, key, g_scratch.data());
+                        }
+                    }
+                    ring_attention_finish(o.data(), recompute ? nullptr : sp.data(), mask.data(), sd.data(), lse.data(),
+                                          stats.data(), ra, p, key, scratch.data());
+                    ring_attention_finish(g_o.data(), g_kept, g_mask.data(), g_sd.data(), g_lse.data(), g_stats.data(),
+                                          ra, p, key, g_scratch.data());
+                    expect_close(host_float(g_o), o, "ring attention out", 2e-2);
+                    expect_close(host(g_lse), lse, "the rows' log-sum-exp", 1e-2);
+                    if (!recompute) {
+                        expect_close(host_float(g_sp), sp, "S'", 2e-2);
+                        if (p > 0.0f) {
+                            EXPECT_EQ(host(g_mask), mask);
+                            expect_close(host_float(g_sd), sd, "S", 2e-2);
+                        }
+                    }
+
+                    std::vector<float> dqkv(size_t(T_loc) * RB * 3 * C, 7.0f), partial(size_t(T_loc) * RB * 2 * C);
+                    DeviceBuffer<bf16> g_dqkv(dqkv.size()), g_partial(partial.size());
+                    ring_attention_backward_start(stats.data(), dqkv.data(), d.data(), o.data(), ra, scratch.data());
+                    ring_attention_backward_start(g_stats.data(), g_dqkv.data(), g_d.data(), g_o.data(), ra,
+                                                  g_scratch.data());
+                    for (int step = 0; step < cp; step++) {
+                        const int source = (r - step + cp) % cp, chunks[2] = {chunk_of(source, 0), chunk_of(source, 1)};
+                        const std::vector<float> kv = rows_of(qkv, source, 2 * C, C, 3 * C);
+                        sync();
+                        g_kv.upload(to_bf16(kv));
+                        std::fill(partial.begin(), partial.end(), 0.0f);
+                        for (int b = 0; b < RB; b++) {
+                            ring_attention_backward_block(dqkv.data(), partial.data(), d.data(), q.data(), kv.data(),
+                                                          recompute ? nullptr : sp.data(), mask.data(), sd.data(),
+                                                          lse.data(), stats.data(), chunks, ra, b, p, key,
+                                                          scratch.data());
+                            ring_attention_backward_block(g_dqkv.data(), g_partial.data(), g_d.data(), g_q.data(),
+                                                          g_kv.data(), g_kept, g_mask.data(), g_sd.data(), g_lse.data(),
+                                                          g_stats.data(), chunks, ra, b, p, key, g_scratch.data());
+                        }
+                        expect_close(host_float(g_partial), partial, "dK|dV of block " + std::to_string(source), 3e-2);
+                    }
+                    ring_attention_backward_finish(dqkv.data(), scratch.data(), ra);
+                    ring_attention_backward_finish(g_dqkv.data(), g_scratch.data(), ra);
+                    expect_close(q_columns(host_float(g_dqkv)), q_columns(dqkv), "dQ", 3e-2);
+                }
+            }
 }
 
 #ifdef TPSP_WITH_CUDNN

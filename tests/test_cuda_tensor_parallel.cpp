@@ -50,18 +50,18 @@ struct RankStep {
 };
 
 // One step of a rank; with a CP group (cp_group), of a CP rank holding s/cp
-// positions of the same whole batch. The model is tiny_gpu_config's, its
-// attention kernels `attention`.
+// positions of the same whole batch, through the all-to-alls or (ring_attention)
+// the ring. The model is tiny_gpu_config's, its attention kernels `attention`.
 template <class Backend>
 RankStep one_step(const TensorParallelism& tp, typename Backend::Comm* group, const std::vector<int>& tokens,
                   typename Backend::Comm* cp_group = nullptr, const RunShape& run = shape,
-                  AttentionKernel attention = AttentionKernel::explicit_scores) {
+                  AttentionKernel attention = AttentionKernel::explicit_scores, bool ring_attention = false) {
     GPTConfig config = tpsp::testing::tiny_gpu_config();
     config.attention = attention;
     const int N = run.batch * run.seq_len, cp = cp_group ? cp_group->size() : 1;
     RunShape rank_shape = run;
     rank_shape.seq_len = run.seq_len / cp;
-    GPTModel<Backend> model(config, rank_shape, tp, group, cp_group);
+    GPTModel<Backend> model(config, rank_shape, tp, group, cp_group, ring_attention);
     model.init_random(42);
     model.zero_grad();
     RankStep step;
@@ -70,6 +70,7 @@ RankStep one_step(const TensorParallelism& tp, typename Backend::Comm* group, co
     model.finish_grads();
     step.grads = download_floats(model.grads.wte, model.num_parameters);
     step.parameter_specs = model.parameter_specs;
+    // a2a: [b, a/(t·cp), s, s]; the ring: [b, 2, a/t, s/(2cp), s], as many
     const int64_t scores = int64_t(run.batch) * (config.num_heads / (tp.size * cp)) * run.seq_len * run.seq_len;
     const int64_t rows = int64_t(tp.local_seq(rank_shape.seq_len)) * run.batch;
     for (int l = 0; l < config.num_layers && run.dropout > 0.0f; l++) {
@@ -257,6 +258,49 @@ TEST_F(CudaTensorParallel, TheOneGpuStandInRunsContextParallelism) {
         }
         EXPECT_EQ(wrong, 0) << "masks that are not the one-rank masks at the same heads and positions";
     }
+}
+
+// Ring attention on one GPU (cp_comm_type p2p, docs/design.md §9): cp = 2 and
+// 4 rank threads (t = 1), the K|V blocks passed round them as device copies
+// and their dK|dV parts added on the way, S' kept and (selective
+// recomputation) rebuilt from the rows' log-sum-exp, against t = 1 on the
+// same GPU: the loss and the summed gradients at the tolerances above, and
+// where S' is kept every rank's attention masks the one-rank masks' rows of
+// its positions (rank r's half h is chunk chunk_of(r, h)), bit for bit.
+TEST_F(CudaTensorParallel, TheOneGpuStandInRunsRingAttention) {
+    const GPTConfig config = tpsp::testing::tiny_gpu_config();
+    const std::vector<int> tokens = tpsp::testing::random_tokens(shape.batch * shape.seq_len, config.vocab_size, 79);
+    const RankStep one = one_step<CudaBackend>({}, nullptr, tokens);
+    for (Recompute recompute : {Recompute::none, Recompute::selective})
+        for (int cp : {2, 4}) {
+            SCOPED_TRACE("cp=" + std::to_string(cp) + (recompute == Recompute::none ? "" : " selective"));
+            RunShape run = shape;
+            run.recompute = recompute;
+            std::vector<RankStep> ranks;
+            const auto cp_rank = [&](int, CudaThreadCommunicator* rank) {
+                return one_step<CudaThreadGroupBackend>({}, nullptr, tokens, rank, run,
+                                                        AttentionKernel::explicit_scores, true);
+            };
+            if (!stand_in_steps(cp, cp_rank, &ranks)) return;
+            expect_context_parallel_ranks_equal_one_rank(ranks, one);
+            if (recompute != Recompute::none) continue;  // (no mask is kept)
+            const int S = shape.seq_len, B = shape.batch, a = config.num_heads, c = S / (2 * cp);
+            int wrong = 0;
+            for (int r = 0; r < cp; r++) {
+                const ContextParallelism layout{cp, r, true};
+                for (int l = 0; l < config.num_layers; l++)
+                    for (int b = 0; b < B; b++)
+                        for (int half = 0; half < 2; half++)
+                            for (int h = 0; h < a; h++)
+                                wrong += std::memcmp(
+                                             ranks[size_t(r)].attention_masks[size_t(l)].data() +
+                                                 (((size_t(b) * 2 + half) * a + h) * c) * S,
+                                             one.attention_masks[size_t(l)].data() +
+                                                 ((size_t(b) * a + h) * S + size_t(layout.chunk_of(r, half)) * c) * S,
+                                             size_t(c) * S) != 0;
+            }
+            EXPECT_EQ(wrong, 0) << "masks that are not the one-rank masks at the same heads and positions";
+        }
 }
 
 #ifdef TPSP_WITH_CUDNN

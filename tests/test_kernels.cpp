@@ -278,7 +278,7 @@ static void ring_attention_check(int cp, float p, bool recompute) {
         std::vector<float> scores(size_t(RB) * 2 * RNH * c * S, -1.0f), dropped(scores.size());
         std::vector<uint8_t> m(scores.size());
         std::vector<float> lse(size_t(RB) * RNH * T_loc);
-        ring_attention_start(o.data(), stats.data(), ra);
+        ring_attention_start(o.data(), stats.data(), ra, scratch.data());
         for (int step = 0; step < cp; step++) {
             const int source = (r - step + cp) % cp;
             const std::vector<float> kv = rows_of(qkv, source, 2 * RC, RC, 3 * RC);
@@ -288,7 +288,7 @@ static void ring_attention_check(int cp, float p, bool recompute) {
                                              kv.data(), chunks, ra, b, p, key, scratch.data());
         }
         ring_attention_finish(o.data(), recompute ? nullptr : scores.data(), m.data(), dropped.data(), lse.data(),
-                              stats.data(), ra, p, key);
+                              stats.data(), ra, p, key, scratch.data());
         const std::vector<float> expected_out = rows_of(out, r, RC, 0, RC);
         for (size_t i = 0; i < o.size(); i++)
             worst_out = std::max(worst_out, double(std::fabs(o[i] - expected_out[i])));
@@ -304,7 +304,7 @@ static void ring_attention_check(int cp, float p, bool recompute) {
                     }
         // backward: dQ here, each block's dK|dV part added at its positions
         std::vector<float> dq(q.size(), 7.0f), partial(size_t(T_loc) * RB * 2 * RC);
-        ring_attention_backward_start(stats.data(), dq.data(), d.data(), o.data(), ra);
+        ring_attention_backward_start(stats.data(), dq.data(), d.data(), o.data(), ra, scratch.data());
         for (int step = 0; step < cp; step++) {
             const int source = (r - step + cp) % cp;
             const std::vector<float> kv = rows_of(qkv, source, 2 * RC, RC, 3 * RC);
@@ -320,6 +320,7 @@ static void ring_attention_check(int cp, float p, bool recompute) {
                         dkv_sum[(size_t(global_row(source, i)) * RB + b) * 2 * RC + j] +=
                             partial[(size_t(i) * RB + b) * 2 * RC + j];
         }
+        ring_attention_backward_finish(dq.data(), scratch.data(), ra);
         const std::vector<float> expected_dq = rows_of(dqkv, r, RC, 0, 3 * RC);
         for (int i = 0; i < T_loc * RB; i++)
             for (int j = 0; j < RC; j++)

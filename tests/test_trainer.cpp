@@ -817,7 +817,8 @@ TEST(ContextParallelTraining, ALayoutCpCannotCutIsOneConfigLine) {
     const std::pair<std::string, std::string> cases[] = {
         {"parallel.cp=3", "tp · cp = 3 does not divide model.heads = 4"},
         {"parallel.cp=2 train.seq_len=66", "2 · cp · tp = 4 does not divide train.seq_len = 66"},
-        {"parallel.cp=2 parallel.cp_comm_type=p2p train.device=cuda", "p2p (ring attention) runs on the CPU backend"},
+        {"parallel.cp=2 parallel.cp_comm_type=p2p train.device=cuda model.attention=cudnn",
+         "cudnn runs under parallel.cp_comm_type: a2a only"},
         {"parallel.cp=2", "tp · cp = 2 does not divide the 1 ranks launched"},
     };
     for (const auto& [bad, line] : cases) {

@@ -211,7 +211,7 @@ const std::vector<Key>& keys() {
         string_key("parallel.cp_comm_type", [](Config& c) -> std::string& { return c.parallel.cp_comm_type; },
                    {"a2a", "p2p"}, "how attention sees the whole sequence: a2a (sp2hp / hp2sp all-to-alls: "
                                    "tp · cp must divide the heads); p2p (ring attention: the K/V blocks go round "
-                                   "the CP ring, overlapped; the CPU backend)"),
+                                   "the CP ring, overlapped; tp alone must divide the heads)"),
         bool_key("parallel.tp_comm_overlap", [](Config& c) -> bool& { return c.parallel.tp_comm_overlap; },
                  "master switch of communication overlap (needs SP); off turns every tp_comm_* off"),
         bool_key("parallel.tp_comm_overlap_ag", [](Config& c) -> bool& { return c.parallel.tp_comm_overlap_ag; },
@@ -370,8 +370,11 @@ void validate(const Config& c, const std::string& where) {
     const int cp = c.parallel.cp;
     if (cp > 1) {
         const bool ring = c.parallel.cp_comm_type == "p2p";
-        if (ring && c.train.device == "cuda")
-            fail("parallel.cp_comm_type", "p2p (ring attention) runs on the CPU backend so far: a2a runs on the GPU");
+        if (ring && c.model.attention == "cudnn")
+            fail("model.attention",
+                 "cudnn runs under parallel.cp_comm_type: a2a only: ring attention (p2p) merges "
+                 "each K/V block's part by the rows' running max and sum, which tpsp's "
+                 "explicit kernels keep (model.attention: explicit)");
         if (!ring && c.model.heads % (t * cp) != 0)
             fail("parallel.cp", "tp · cp = " + std::to_string(t * cp) +
                                     " does not divide model.heads = " + std::to_string(c.model.heads) +

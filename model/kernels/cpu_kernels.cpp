@@ -480,7 +480,7 @@ int64_t probs_index(const RingAttention& ra, int b, int h, int gq, int gk) {
 
 }  // namespace
 
-void ring_attention_start(float* out, float* stats, const RingAttention& ra) {
+void ring_attention_start(float* out, float* stats, const RingAttention& ra, float* /*scratch*/) {
     std::memset(out, 0, sizeof(float) * int64_t(ra.T) * ra.B * ra.C);
     const int64_t rows = int64_t(ra.B) * ra.NH * ra.T;
     std::fill(stats, stats + rows, -INFINITY);
@@ -544,7 +544,8 @@ void ring_attention_forward_block(float* out, float* stats, float* softmax_out, 
 }
 
 void ring_attention_finish(float* out, float* softmax_out, uint8_t* dropout_mask, float* dropout_out, float* lse_out,
-                           const float* stats, const RingAttention& ra, float p, const DropoutKey& key) {
+                           const float* stats, const RingAttention& ra, float p, const DropoutKey& key,
+                           float* /*scratch*/) {
     const int B = ra.B, C = ra.C, NH = ra.NH, c = ra.chunk, S = ra.S, hs = C / NH;
     const int64_t rows = int64_t(B) * NH * ra.T;
 #pragma omp parallel for collapse(2)
@@ -586,7 +587,7 @@ void ring_attention_finish(float* out, float* softmax_out, uint8_t* dropout_mask
 }
 
 void ring_attention_backward_start(float* stats, float* dqkv, const float* dout, const float* out,
-                                   const RingAttention& ra) {
+                                   const RingAttention& ra, float* /*scratch*/) {
     const int B = ra.B, C = ra.C, NH = ra.NH, T = ra.T, hs = C / NH;
 #pragma omp parallel for collapse(2)
     for (int b = 0; b < B; b++) {
@@ -679,6 +680,8 @@ void ring_attention_backward_block(float* dqkv, float* dkv, const float* dout, c
         }
     }
 }
+
+void ring_attention_backward_finish(float* /*dqkv*/, const float* /*scratch*/, const RingAttention& /*ra*/) {}
 
 // ----------------------------------------------------------------------------
 // fused softmax + cross-entropy

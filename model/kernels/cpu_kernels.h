@@ -13,6 +13,7 @@
 #include <string>
 
 #include "model/kernels/dropout_rng.h"
+#include "model/kernels/ring_attention.h"
 
 namespace tpsp {
 
@@ -109,25 +110,12 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
                         const uint8_t* dropout_mask, const float* dropout_out, float* scratch, int B, int T, int C,
                         int NH, float p);
 
-// Ring attention (context parallelism's cp_comm_type p2p, docs/design.md §9):
-// this rank's T = s/cp queries are two chunks of `chunk` = s/(2cp) global
-// positions (query_chunks), of NH heads; K|V blocks [T, B, 2C] (K | V, head
-// h at columns h*hs of each half) arrive one after another, each being two
-// chunks of keys too (kv_chunks). A pair of chunks is computed whole where
-// the key chunk comes before the query chunk, causally where they are the
-// same chunk, and not at all where it comes after (nothing above the
-// diagonal). S' [B, 2, NH, chunk, S] holds each query row against all S keys,
-// by global key position; `stats` [2, B, NH, T] the rows' running max and
-// sum in forward, Σ dO·O in backward. Dropout draws the bits of the global
-// (batch, head, query, key) element, as attention_forward's box does.
-struct RingAttention {
-    int B, T, S, C, NH, chunk;
-    int query_chunks[2];
-    int heads_total, first_head;  // a, and this rank's first head's global index
-    int64_t batch_offset;         // the global index of this micro-batch's first sequence
-};
-// out [T, B, C] = 0, the running max −∞ and sum 0.
-void ring_attention_start(float* out, float* stats, const RingAttention& ra);
+// Ring attention (context parallelism's cp_comm_type p2p), in the layout of
+// ring_attention.h.
+//
+// out [T, B, C] = 0, the running max −∞ and sum 0. scratch: as the blocks'
+// (the CUDA twin keeps its fp32 running output there; the CPU's is `out`).
+void ring_attention_start(float* out, float* stats, const RingAttention& ra, float* scratch);
 // Sequence b's rows against one K|V block: S' gets the scaled scores Q K^T
 // of the computed pairs (a null S': selective recomputation, which keeps
 // none); out and stats take the block in by the online softmax (out
@@ -142,12 +130,12 @@ void ring_attention_forward_block(float* out, float* stats, float* softmax_out, 
 // dropout(S') drawn as the box says; where lse_out [B, NH, T] is given,
 // each row's log-sum-exp (what selective recomputation keeps).
 void ring_attention_finish(float* out, float* softmax_out, uint8_t* dropout_mask, float* dropout_out, float* lse_out,
-                           const float* stats, const RingAttention& ra, float p, const DropoutKey& key);
+                           const float* stats, const RingAttention& ra, float p, const DropoutKey& key, float* scratch);
 // Backward's start: stats [B, NH, T] = Σ_j dO·O per row (the softmax
 // backward's Σ_k S'∘dS' over every key, which no block alone has), and the
 // Q columns of dqkv [T, B, 3C] zeroed for the blocks to add into.
 void ring_attention_backward_start(float* stats, float* dqkv, const float* dout, const float* out,
-                                   const RingAttention& ra);
+                                   const RingAttention& ra, float* scratch);
 // Sequence b's rows against one K|V block: dQ (in dqkv's Q columns) and the
 // block's dK|dV partial dkv [T, B, 2C] (as kv) accumulate. With a null S'
 // each pair's S', mask and S are recomputed from Q K^T and the rows'
@@ -157,6 +145,10 @@ void ring_attention_backward_block(float* dqkv, float* dkv, const float* dout, c
                                    const float* softmax_out, const uint8_t* dropout_mask, const float* dropout_out,
                                    const float* lse, const float* stats, const int kv_chunks[2],
                                    const RingAttention& ra, int b, float p, const DropoutKey& key, float* scratch);
+// After every block: dQ is in dqkv's Q columns. Nothing is left to do here,
+// where the blocks added into them; the CUDA twin sums dQ in fp32 in its
+// scratch and writes it now.
+void ring_attention_backward_finish(float* dqkv, const float* scratch, const RingAttention& ra);
 
 // Softmax + cross-entropy, vocabulary-parallel. This rank holds the logit
 // columns [vocab_start, vocab_start + Vp_local) of each row, of which the

@@ -200,6 +200,13 @@ void gpu::batched_gemm(bool transa, bool transb, int m, int n, int k, float alph
               batch, plain());
 }
 
+void gpu::batched_gemm(bool transa, bool transb, int m, int n, int k, float alpha, const bf16* A, int lda,
+                       int64_t strideA, const bf16* B, int ldb, int64_t strideB, float beta, float* D, int ldd,
+                       int64_t strideD, int batch) {
+    lt_matmul(transa, transb, m, n, k, alpha, A, lda, strideA, B, ldb, strideB, beta, D, CUDA_R_32F, ldd, strideD,
+              batch, plain());
+}
+
 void matmul_forward(bf16* out, const bf16* inp, const bf16* weight, const bf16* bias, int N, int C, int OC) {
     // out^T [OC, N] = (weight as [C, OC])^T · (inp as [C, N]) + bias
     lt_matmul(true, false, OC, N, C, 1.0f, weight, C, 0, inp, C, 0, 0.0f, out, CUDA_R_16BF, OC, 0, 1, with_bias(bias));

@@ -652,6 +652,370 @@ void attention_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf1
 }
 
 // ----------------------------------------------------------------------------
+// ring attention (context parallelism's p2p): the CPU kernels' steps
+// (cpu_kernels.cpp) for one sequence b and one K|V block at a time; each
+// pair of chunks is a few GEMMs batched over the NH heads of head-major
+// copies of the sequence's Q, K, V (and dO), with a kernel in between.
+
+// The scratch (cuda_ring_attention_scratch_elements), from its first
+// 256-byte boundary: fp32 sums [B, NH, T, hs] (the output, then dQ) and
+// dkv_sums [2, NH, T, hs] (one sequence's dK | dV); bf16 q, k, v, d
+// [NH, T, hs] (one sequence); then per pair of chunks [NH, c, c]: scores (Q
+// K^T, or in backward dP then dZ), probs (P, or the recomputed S'),
+// dropped (the recomputed S) and the recomputed mask's bytes.
+struct RingScratch {
+    float *sums, *dkv_sums;
+    bf16 *q, *k, *v, *d;
+    bf16 *scores, *probs, *dropped;
+    uint8_t* mask;
+};
+
+static RingScratch ring_scratch(const bf16* scratch, const RingAttention& ra) {
+    const uintptr_t address = reinterpret_cast<uintptr_t>(scratch);
+    bf16* aligned = const_cast<bf16*>(scratch) + (256 - address % 256) % 256 / sizeof(bf16);
+    const int64_t tc = int64_t(ra.T) * ra.C, pair = int64_t(ra.NH) * ra.chunk * ra.chunk;
+    RingScratch s;
+    s.sums = reinterpret_cast<float*>(aligned);
+    s.dkv_sums = s.sums + ra.B * tc;
+    s.q = reinterpret_cast<bf16*>(s.dkv_sums + 2 * tc);
+    s.k = s.q + tc;
+    s.v = s.k + tc;
+    s.d = s.v + tc;
+    s.scores = s.d + tc;
+    s.probs = s.scores + pair;
+    s.dropped = s.probs + pair;
+    s.mask = reinterpret_cast<uint8_t*>(s.dropped + pair);
+    return s;
+}
+
+// Head-major copies of sequence b's rows: a [T, B, width] tensor's sequence
+// b is the [T, 1, B·width] tensor that starts b·width further on.
+static void sequence_to_head_major(bf16* dst, const bf16* src, int b, const RingAttention& ra, int width, int offset) {
+    to_head_major(dst, src + int64_t(b) * width, 1, ra.T, ra.C, ra.NH, ra.B * width, offset);
+}
+
+// columns [offset, offset + C) of dst [T, B, width] = bf16(src [B, NH, T, hs]) (fp32)
+__global__ void sums_from_head_major_kernel(bf16* dst, const float* src, int B, int T, int C, int NH, int width,
+                                            int offset) {
+    int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= int64_t(B) * T * C) return;
+    const int hs = C / NH;
+    const int d = int(i % hs), t = int(i / hs % T), h = int(i / hs / T % NH), b = int(i / hs / T / NH);
+    dst[(int64_t(t) * B + b) * width + offset + h * hs + d] = to_bf16(src[i]);
+}
+
+static void sums_from_head_major(bf16* dst, const float* src, int B, int T, int C, int NH, int width, int offset) {
+    const GpuContext& ctx = gpu::context();
+    sums_from_head_major_kernel<<<blocks_for(int64_t(B) * T * C), block_threads, 0, ctx.stream>>>(dst, src, B, T, C, NH,
+                                                                                                  width, offset);
+    check_launch("sums_from_head_major");
+}
+
+// The global index of dropout element (b, h, query gq, key gk): the CPU's probs_index.
+__device__ inline uint64_t ring_probs_index(const RingAttention& ra, int b, int h, int gq, int gk) {
+    return uint64_t((((ra.batch_offset + b) * ra.heads_total + ra.first_head + h) * int64_t(ra.S) + gq) * ra.S + gk);
+}
+
+// Row (b, h, t) of the [B, NH, T] statistics.
+__device__ inline int64_t ring_stat(const RingAttention& ra, int b, int h, int t) {
+    return (int64_t(b) * ra.NH + h) * ra.T + t;
+}
+
+enum class RingPair { none, causal, whole };
+static RingPair ring_pair(int query_chunk, int key_chunk) {
+    return key_chunk > query_chunk ? RingPair::none : key_chunk == query_chunk ? RingPair::causal : RingPair::whole;
+}
+
+// running max −∞ [rows], running sum 0 [rows]
+__global__ void ring_stats_start_kernel(float* stats, int64_t rows) {
+    int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i < 2 * rows) stats[i] = i < rows ? -INFINITY : 0.0f;
+}
+
+// One warp per row (h, i) of a pair [NH, c, c] of scores (Q K^T · scale, row
+// stride scores_ld, head stride scores_head): the online softmax. The row's
+// running max and sum take the block in, its fp32 running output row in
+// sums is rescaled by exp(m_old − m_new), and probs [NH, c, c] gets
+// dropout(exp(scores − m_new)), 0 beyond the keys the query sees.
+__global__ void ring_online_softmax_kernel(float* sums, float* stats, bf16* probs, const bf16* scores,
+                                           int64_t scores_head, int scores_ld, RingAttention ra, int b, int qh, int kc,
+                                           bool causal, float p, DropoutKey key) {
+    const int row = blockIdx.x * warps_per_block + threadIdx.x / warp_size, lane = threadIdx.x % warp_size;
+    const int c = ra.chunk, hs = ra.C / ra.NH;
+    if (row >= ra.NH * c) return;
+    const int h = row / c, i = row % c, valid = causal ? i + 1 : c, qc = ra.query_chunks[qh];
+    const bf16* z = scores + h * scores_head + int64_t(i) * scores_ld;
+    const int64_t stat = ring_stat(ra, b, h, qh * c + i);
+    float* row_max = stats + stat;
+    float* row_sum = stats + int64_t(ra.B) * ra.NH * ra.T + stat;
+    float block_max = -INFINITY;
+    for (int j = lane; j < valid; j += warp_size) block_max = fmaxf(block_max, to_float(z[j]));
+    block_max = warp_max(block_max);
+    const float m_old = *row_max, m_new = fmaxf(m_old, block_max);
+    const float rescale = expf(m_old - m_new);  // 0 for the first block a row meets
+    const float keep_scale = 1.0f / (1.0f - p);
+    bf16* P = probs + (int64_t(h) * c + i) * c;
+    float sum = 0.0f;
+    for (int j = lane; j < c; j += warp_size) {
+        float e = 0.0f;
+        if (j < valid) {
+            e = __expf(to_float(z[j]) - m_new);
+            sum += e;
+            if (p > 0.0f)
+                e = dropout_uniform(key, ring_probs_index(ra, b, h, qc * c + i, kc * c + j)) >= p ? e * keep_scale
+                                                                                                  : 0.0f;
+        }
+        P[j] = to_bf16(e);
+    }
+    sum = warp_sum(sum);  // (every lane has read the old max and sum above)
+    float* o = sums + stat * hs;
+    for (int d = lane; d < hs; d += warp_size) o[d] *= rescale;
+    if (lane == 0) {
+        *row_sum = *row_sum * rescale + sum;
+        *row_max = m_new;
+    }
+}
+
+// out [T, B, C] = sums [B, NH, T, hs] / the row's running sum
+__global__ void ring_output_kernel(bf16* out, const float* sums, const float* stats, RingAttention ra) {
+    int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= int64_t(ra.B) * ra.T * ra.C) return;
+    const int hs = ra.C / ra.NH;
+    const int d = int(i % hs), t = int(i / hs % ra.T), h = int(i / hs / ra.T % ra.NH), b = int(i / hs / ra.T / ra.NH);
+    const float row_sum = stats[int64_t(ra.B) * ra.NH * ra.T + ring_stat(ra, b, h, t)];
+    out[(int64_t(t) * ra.B + b) * ra.C + h * hs + d] = to_bf16(sums[i] / row_sum);
+}
+
+// lse [B, NH, T] = running max + log running sum
+__global__ void ring_lse_kernel(float* lse, const float* stats, int64_t rows) {
+    int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i < rows) lse[i] = stats[i] + logf(stats[rows + i]);
+}
+
+// One warp per row (b, qh, h, i) of S' [B, 2, NH, c, S], which holds the
+// scores of the pairs computed: S' = exp(scores − log-sum-exp) up to the
+// query's own position, 0 after it; then the mask and S = dropout(S').
+__global__ void ring_probabilities_kernel(bf16* softmax_out, uint8_t* mask, bf16* dropout_out, const float* stats,
+                                          RingAttention ra, float p, DropoutKey key) {
+    const int64_t row = int64_t(blockIdx.x) * warps_per_block + threadIdx.x / warp_size;
+    const int lane = threadIdx.x % warp_size, c = ra.chunk, S = ra.S;
+    if (row >= int64_t(ra.B) * 2 * ra.NH * c) return;
+    const int i = int(row % c), h = int(row / c % ra.NH), qh = int(row / c / ra.NH % 2), b = int(row / c / ra.NH / 2);
+    const int qc = ra.query_chunks[qh], last_key = qc * c + i;
+    const int64_t stat = ring_stat(ra, b, h, qh * c + i);
+    const float lse = stats[stat] + logf(stats[int64_t(ra.B) * ra.NH * ra.T + stat]);
+    const float keep_scale = 1.0f / (1.0f - p);
+    bf16* s = softmax_out + row * S;
+    for (int j = lane; j < S; j += warp_size) {
+        const bf16 prob = j <= last_key ? to_bf16(__expf(to_float(s[j]) - lse)) : to_bf16(0.0f);
+        s[j] = prob;
+        if (p > 0.0f) {
+            const bool keep = dropout_uniform(key, ring_probs_index(ra, b, h, last_key, j)) >= p;
+            mask[row * S + j] = keep;
+            dropout_out[row * S + j] = keep ? to_bf16(to_float(prob) * keep_scale) : to_bf16(0.0f);
+        }
+    }
+}
+
+// One warp per row (b, h, t): stats = Σ dO·O over the row's hs channels
+__global__ void ring_output_dot_kernel(float* stats, const bf16* dout, const bf16* out, RingAttention ra) {
+    const int64_t row = int64_t(blockIdx.x) * warps_per_block + threadIdx.x / warp_size;
+    const int lane = threadIdx.x % warp_size, hs = ra.C / ra.NH;
+    if (row >= int64_t(ra.B) * ra.NH * ra.T) return;
+    const int t = int(row % ra.T), h = int(row / ra.T % ra.NH), b = int(row / ra.T / ra.NH);
+    const int64_t at = (int64_t(t) * ra.B + b) * ra.C + h * hs;
+    float sum = 0.0f;
+    for (int d = lane; d < hs; d += warp_size) sum += to_float(dout[at + d]) * to_float(out[at + d]);
+    sum = warp_sum(sum);
+    if (lane == 0) stats[row] = sum;
+}
+
+// Selective recomputation: one warp per row (h, i) of a pair, whose scores
+// probs holds: S' = exp(scores − the row's log-sum-exp) in place (0 beyond
+// the keys the query sees), the mask and S = dropout(S') drawn again.
+__global__ void ring_recompute_kernel(bf16* probs, uint8_t* mask, bf16* dropped, const float* lse, RingAttention ra,
+                                      int b, int qh, int kc, bool causal, float p, DropoutKey key) {
+    const int row = blockIdx.x * warps_per_block + threadIdx.x / warp_size, lane = threadIdx.x % warp_size;
+    const int c = ra.chunk;
+    if (row >= ra.NH * c) return;
+    const int h = row / c, i = row % c, valid = causal ? i + 1 : c, qc = ra.query_chunks[qh];
+    const float row_lse = lse[ring_stat(ra, b, h, qh * c + i)];
+    const float keep_scale = 1.0f / (1.0f - p);
+    const int64_t at = int64_t(row) * c;
+    for (int j = lane; j < c; j += warp_size) {
+        const bf16 prob = j < valid ? to_bf16(__expf(to_float(probs[at + j]) - row_lse)) : to_bf16(0.0f);
+        probs[at + j] = prob;
+        if (p > 0.0f) {
+            const bool keep = dropout_uniform(key, ring_probs_index(ra, b, h, qc * c + i, kc * c + j)) >= p;
+            mask[at + j] = keep;
+            dropped[at + j] = keep ? to_bf16(to_float(prob) * keep_scale) : to_bf16(0.0f);
+        }
+    }
+}
+
+// One warp per row (h, i) of a pair: dP [NH, c, c] (in place) becomes
+// dZ = S' ∘ (dS' − Σ dO·O) · scale, dS' the dropout backward of dP (dP
+// itself where mask is null). S' and the mask: row stride ld, head stride head.
+__global__ void ring_score_gradient_kernel(bf16* dz, const bf16* softmax_out, const uint8_t* mask, int64_t head, int ld,
+                                           const float* stats, RingAttention ra, int b, int qh, float keep_scale,
+                                           float score_scale) {
+    const int row = blockIdx.x * warps_per_block + threadIdx.x / warp_size, lane = threadIdx.x % warp_size;
+    const int c = ra.chunk;
+    if (row >= ra.NH * c) return;
+    const int h = row / c, i = row % c;
+    const float dot = stats[ring_stat(ra, b, h, qh * c + i)];
+    bf16* g = dz + int64_t(row) * c;
+    const bf16* sp = softmax_out + h * head + int64_t(i) * ld;
+    const uint8_t* m = mask ? mask + h * head + int64_t(i) * ld : nullptr;
+    for (int j = lane; j < c; j += warp_size) {
+        const float ds = !m ? to_float(g[j]) : m[j] ? to_float(g[j]) * keep_scale : 0.0f;
+        g[j] = to_bf16(to_float(sp[j]) * (ds - dot) * score_scale);
+    }
+}
+
+void ring_attention_start(bf16* /*out*/, float* stats, const RingAttention& ra, bf16* scratch) {
+    const GpuContext& ctx = gpu::context();
+    const RingScratch s = ring_scratch(scratch, ra);
+    const int64_t rows = int64_t(ra.B) * ra.NH * ra.T;
+    check_cuda(cudaMemsetAsync(s.sums, 0, sizeof(float) * ra.B * ra.T * ra.C, ctx.stream), "ring attention sums");
+    ring_stats_start_kernel<<<blocks_for(2 * rows), block_threads, 0, ctx.stream>>>(stats, rows);
+    check_launch("ring_stats_start");
+}
+
+// In the comments below, as in attention_forward's, a GEMM is written for
+// the transposed product cuBLASLt sees; each runs over the NH heads.
+void ring_attention_forward_block(bf16* /*out*/, float* stats, bf16* softmax_out, const bf16* qkv, const bf16* kv,
+                                  const int kv_chunks[2], const RingAttention& ra, int b, float p,
+                                  const DropoutKey& key, bf16* scratch) {
+    const GpuContext& ctx = gpu::context();
+    const RingScratch s = ring_scratch(scratch, ra);
+    const int c = ra.chunk, hs = ra.C / ra.NH;
+    const int64_t head = int64_t(ra.T) * hs;  // a head's stride in the head-major copies
+    sequence_to_head_major(s.q, qkv, b, ra, 3 * ra.C, 0);
+    sequence_to_head_major(s.k, kv, b, ra, 2 * ra.C, 0);
+    sequence_to_head_major(s.v, kv, b, ra, 2 * ra.C, ra.C);
+    float* sequence_sums = s.sums + int64_t(b) * ra.NH * head;  // [NH, T, hs]
+    for (int qh = 0; qh < 2; qh++) {
+        for (int kh = 0; kh < 2; kh++) {
+            const RingPair pair = ring_pair(ra.query_chunks[qh], kv_chunks[kh]);
+            if (pair == RingPair::none) continue;
+            // the pair's scores [c, c]: in S' (row stride S), or in scratch under selective recomputation
+            const int scores_ld = softmax_out ? ra.S : c;
+            const int64_t scores_head = softmax_out ? int64_t(c) * ra.S : int64_t(c) * c;
+            bf16* scores = softmax_out
+                               ? softmax_out + ((int64_t(b) * 2 + qh) * ra.NH * c) * ra.S + int64_t(kv_chunks[kh]) * c
+                               : s.scores;
+            // scores [c, c] = Q K^T · scale, i.e. scores^T = K Q^T
+            batched_gemm(true, false, c, c, hs, 1.0f / sqrtf(float(hs)), s.k + int64_t(kh) * c * hs, hs, head,
+                         s.q + int64_t(qh) * c * hs, hs, head, 0.0f, scores, scores_ld, scores_head, ra.NH);
+            ring_online_softmax_kernel<<<blocks_for(int64_t(ra.NH) * c, warps_per_block), block_threads, 0,
+                                         ctx.stream>>>(s.sums, stats, s.probs, scores, scores_head, scores_ld, ra, b,
+                                                       qh, kv_chunks[kh], pair == RingPair::causal, p, key);
+            check_launch("ring_online_softmax");
+            // sums [c, hs] += P V, i.e. sums^T = V^T P^T, fp32
+            batched_gemm(false, false, hs, c, c, 1.0f, s.v + int64_t(kh) * c * hs, hs, head, s.probs, c, int64_t(c) * c,
+                         1.0f, sequence_sums + int64_t(qh) * c * hs, hs, head, ra.NH);
+        }
+    }
+}
+
+void ring_attention_finish(bf16* out, bf16* softmax_out, uint8_t* dropout_mask, bf16* dropout_out, float* lse_out,
+                           const float* stats, const RingAttention& ra, float p, const DropoutKey& key, bf16* scratch) {
+    const GpuContext& ctx = gpu::context();
+    const RingScratch s = ring_scratch(scratch, ra);
+    const int64_t rows = int64_t(ra.B) * ra.NH * ra.T;
+    ring_output_kernel<<<blocks_for(int64_t(ra.B) * ra.T * ra.C), block_threads, 0, ctx.stream>>>(out, s.sums, stats,
+                                                                                                  ra);
+    check_launch("ring_output");
+    if (lse_out) {
+        ring_lse_kernel<<<blocks_for(rows), block_threads, 0, ctx.stream>>>(lse_out, stats, rows);
+        check_launch("ring_lse");
+    }
+    if (softmax_out) {
+        ring_probabilities_kernel<<<blocks_for(rows, warps_per_block), block_threads, 0, ctx.stream>>>(
+            softmax_out, dropout_mask, dropout_out, stats, ra, p, key);
+        check_launch("ring_probabilities");
+    }
+}
+
+void ring_attention_backward_start(float* stats, bf16* /*dqkv*/, const bf16* dout, const bf16* out,
+                                   const RingAttention& ra, bf16* scratch) {
+    const GpuContext& ctx = gpu::context();
+    const RingScratch s = ring_scratch(scratch, ra);
+    const int64_t rows = int64_t(ra.B) * ra.NH * ra.T;
+    check_cuda(cudaMemsetAsync(s.sums, 0, sizeof(float) * ra.B * ra.T * ra.C, ctx.stream), "ring attention dQ");
+    ring_output_dot_kernel<<<blocks_for(rows, warps_per_block), block_threads, 0, ctx.stream>>>(stats, dout, out, ra);
+    check_launch("ring_output_dot");
+}
+
+void ring_attention_backward_block(bf16* /*dqkv*/, bf16* dkv, const bf16* dout, const bf16* qkv, const bf16* kv,
+                                   const bf16* softmax_out, const uint8_t* dropout_mask, const bf16* dropout_out,
+                                   const float* lse, const float* stats, const int kv_chunks[2],
+                                   const RingAttention& ra, int b, float p, const DropoutKey& key, bf16* scratch) {
+    const GpuContext& ctx = gpu::context();
+    const RingScratch s = ring_scratch(scratch, ra);
+    const int c = ra.chunk, hs = ra.C / ra.NH;
+    const int64_t head = int64_t(ra.T) * hs, pair_head = int64_t(c) * c;
+    sequence_to_head_major(s.q, qkv, b, ra, 3 * ra.C, 0);
+    sequence_to_head_major(s.k, kv, b, ra, 2 * ra.C, 0);
+    sequence_to_head_major(s.v, kv, b, ra, 2 * ra.C, ra.C);
+    sequence_to_head_major(s.d, dout, b, ra, ra.C, 0);
+    float* dq = s.sums + int64_t(b) * ra.NH * head;
+    float *dk = s.dkv_sums, *dv = s.dkv_sums + ra.NH * head;
+    check_cuda(cudaMemsetAsync(s.dkv_sums, 0, sizeof(float) * 2 * ra.T * ra.C, ctx.stream), "ring attention dK|dV");
+    const float keep_scale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f, score_scale = 1.0f / sqrtf(float(hs));
+    for (int qh = 0; qh < 2; qh++) {
+        const bf16* q = s.q + int64_t(qh) * c * hs;
+        const bf16* d = s.d + int64_t(qh) * c * hs;
+        for (int kh = 0; kh < 2; kh++) {
+            const RingPair pair = ring_pair(ra.query_chunks[qh], kv_chunks[kh]);
+            if (pair == RingPair::none) continue;
+            const bf16* k = s.k + int64_t(kh) * c * hs;
+            const bf16* v = s.v + int64_t(kh) * c * hs;
+            // the pair's S', its mask and S: kept (row stride S), or recomputed from the
+            // scores and each row's log-sum-exp (selective recomputation; row stride c)
+            const int64_t at = ((int64_t(b) * 2 + qh) * ra.NH * c) * ra.S + int64_t(kv_chunks[kh]) * c;
+            const int ld = softmax_out ? ra.S : c;
+            const int64_t pair_stride = softmax_out ? int64_t(c) * ra.S : pair_head;
+            if (!softmax_out) {
+                batched_gemm(true, false, c, c, hs, score_scale, k, hs, head, q, hs, head, 0.0f, s.probs, c, pair_head,
+                             ra.NH);
+                ring_recompute_kernel<<<blocks_for(int64_t(ra.NH) * c, warps_per_block), block_threads, 0,
+                                        ctx.stream>>>(s.probs, s.mask, s.dropped, lse, ra, b, qh, kv_chunks[kh],
+                                                      pair == RingPair::causal, p, key);
+                check_launch("ring_recompute");
+            }
+            const bf16* sp = softmax_out ? softmax_out + at : s.probs;
+            const bf16* sd = p == 0.0f ? sp : softmax_out ? dropout_out + at : s.dropped;
+            const uint8_t* mask = p == 0.0f ? nullptr : softmax_out ? dropout_mask + at : s.mask;
+            // dV [c, hs] += S^T dO, i.e. dV^T += dO^T S
+            batched_gemm(false, true, hs, c, c, 1.0f, d, hs, head, sd, ld, pair_stride, 1.0f, dv + int64_t(kh) * c * hs,
+                         hs, head, ra.NH);
+            // dP [c, c] = dO V^T, i.e. dP^T = V dO^T
+            batched_gemm(true, false, c, c, hs, 1.0f, v, hs, head, d, hs, head, 0.0f, s.scores, c, pair_head, ra.NH);
+            ring_score_gradient_kernel<<<blocks_for(int64_t(ra.NH) * c, warps_per_block), block_threads, 0,
+                                         ctx.stream>>>(s.scores, sp, mask, pair_stride, ld, stats, ra, b, qh,
+                                                       keep_scale, score_scale);
+            check_launch("ring_score_gradient");
+            // dQ [c, hs] += dZ K, i.e. dQ^T += K^T dZ^T
+            batched_gemm(false, false, hs, c, c, 1.0f, k, hs, head, s.scores, c, pair_head, 1.0f,
+                         dq + int64_t(qh) * c * hs, hs, head, ra.NH);
+            // dK [c, hs] += dZ^T Q, i.e. dK^T += Q^T dZ
+            batched_gemm(false, true, hs, c, c, 1.0f, q, hs, head, s.scores, c, pair_head, 1.0f,
+                         dk + int64_t(kh) * c * hs, hs, head, ra.NH);
+        }
+    }
+    // sequence b's rows of the block's part [T, B, 2C]: dK | dV
+    sums_from_head_major(dkv + int64_t(b) * 2 * ra.C, dk, 1, ra.T, ra.C, ra.NH, ra.B * 2 * ra.C, 0);
+    sums_from_head_major(dkv + int64_t(b) * 2 * ra.C, dv, 1, ra.T, ra.C, ra.NH, ra.B * 2 * ra.C, ra.C);
+}
+
+void ring_attention_backward_finish(bf16* dqkv, const bf16* scratch, const RingAttention& ra) {
+    const RingScratch s = ring_scratch(scratch, ra);
+    sums_from_head_major(dqkv, s.sums, ra.B, ra.T, ra.C, ra.NH, 3 * ra.C, 0);  // dQ
+}
+
+// ----------------------------------------------------------------------------
 // cross-entropy: one block per row
 
 __global__ void crossentropy_max_forward_kernel(float* maxes, const bf16* logits, int V_real, int Vp_local) {

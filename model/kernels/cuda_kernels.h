@@ -24,6 +24,7 @@
 #include "common/bf16.h"
 #include "model/kernels/attention_scratch.h"
 #include "model/kernels/dropout_rng.h"
+#include "model/kernels/ring_attention.h"
 
 namespace tpsp::gpu {
 
@@ -51,6 +52,9 @@ void check_launch(const char* kernel);
 // bf16 in and out, fp32 accumulation (cuda_gemm.cu); attention's GEMMs.
 void batched_gemm(bool transa, bool transb, int m, int n, int k, float alpha, const bf16* A, int lda, int64_t strideA,
                   const bf16* B, int ldb, int64_t strideB, float beta, bf16* D, int ldd, int64_t strideD, int batch);
+// The same with an fp32 D, which beta = 1 accumulates into unrounded: ring attention's running sums.
+void batched_gemm(bool transa, bool transb, int m, int n, int k, float alpha, const bf16* A, int lda, int64_t strideA,
+                  const bf16* B, int ldb, int64_t strideB, float beta, float* D, int ldd, int64_t strideD, int batch);
 
 }  // namespace tpsp::gpu
 
@@ -137,6 +141,29 @@ void attention_forward(bf16* out, bf16* softmax_out, uint8_t* dropout_mask, bf16
 void attention_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* softmax_out,
                         const uint8_t* dropout_mask, const bf16* dropout_out, bf16* scratch, int B, int T, int C,
                         int NH, float p);
+
+// Ring attention (context parallelism's p2p): the CPU kernels' RingAttention
+// layout and steps (cpu_kernels.h), bf16 activations, fp32 statistics. The
+// output and dQ are summed over the K|V blocks in fp32 in the scratch
+// (cuda_ring_attention_scratch_elements(B, T, C, NH) bf16s, attention_scratch.h),
+// not in the bf16 tensors: each block adds a part, and rounding the running
+// sum to bf16 after each of the 2·cp parts would add an error per block.
+// finish writes out, backward_finish dQ. The blocks' dK|dV parts `dkv` are
+// bf16 (they travel the ring and are added there), each written whole for
+// sequence b: a pair's parts are summed in fp32 first.
+void ring_attention_start(bf16* out, float* stats, const RingAttention& ra, bf16* scratch);
+void ring_attention_forward_block(bf16* out, float* stats, bf16* softmax_out, const bf16* qkv, const bf16* kv,
+                                  const int kv_chunks[2], const RingAttention& ra, int b, float p,
+                                  const DropoutKey& key, bf16* scratch);
+void ring_attention_finish(bf16* out, bf16* softmax_out, uint8_t* dropout_mask, bf16* dropout_out, float* lse_out,
+                           const float* stats, const RingAttention& ra, float p, const DropoutKey& key, bf16* scratch);
+void ring_attention_backward_start(float* stats, bf16* dqkv, const bf16* dout, const bf16* out, const RingAttention& ra,
+                                   bf16* scratch);
+void ring_attention_backward_block(bf16* dqkv, bf16* dkv, const bf16* dout, const bf16* qkv, const bf16* kv,
+                                   const bf16* softmax_out, const uint8_t* dropout_mask, const bf16* dropout_out,
+                                   const float* lse, const float* stats, const int kv_chunks[2],
+                                   const RingAttention& ra, int b, float p, const DropoutKey& key, bf16* scratch);
+void ring_attention_backward_finish(bf16* dqkv, const bf16* scratch, const RingAttention& ra);
 
 // Vocabulary-parallel softmax + cross-entropy, the same three steps as on the
 // CPU (cpu_kernels.h); logits [N, Vp_local] bf16, statistics fp32.
