@@ -20,7 +20,7 @@ Dim cuda_attention_scratch(int64_t b, int64_t s, int64_t h, int64_t a, int64_t t
 }
 
 Dim cuda_ring_attention_scratch(int64_t b, int64_t s, int64_t h, int64_t a, int64_t t) {
-    const char* symbol = t > 1 ? "2·b·s·h/t+8·s·h/t+a/t·s²+128" : "2·b·s·h+8·s·h+a·s²+128";
+    const char* symbol = t > 1 ? "2·b·s/cp·h/t+8·s/cp·h/t+a/t·(s/cp)²+128" : "2·b·s/cp·h+8·s/cp·h+a·(s/cp)²+128";
     return {cuda_ring_attention_scratch_elements(b, s, h / t, a / t), symbol};
 }
 

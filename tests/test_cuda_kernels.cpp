@@ -347,7 +347,13 @@ TEST_F(CudaKernels, RingAttentionMatchesTheCpusRingKernels) {
                                     full[(size_t(chunk_of(r, i / c) * c + i % c) * RB + b) * full_width + offset + j];
                     return local;
                 };
-                const auto q_columns = [&](const std::vector<float>& dqkv) { return rows_of(dqkv, 0, C, 0, 3 * C); };
+                // columns [0, C) of a rank's [T_loc, RB, 3C]
+                const auto q_columns = [&](const std::vector<float>& dqkv) {
+                    std::vector<float> q(size_t(T_loc) * RB * C);
+                    for (size_t row = 0; row < size_t(T_loc) * RB; row++)
+                        std::copy_n(dqkv.begin() + int64_t(row) * 3 * C, C, q.begin() + int64_t(row) * C);
+                    return q;
+                };
                 for (int r = 0; r < cp; r++) {
                     SCOPED_TRACE("rank " + std::to_string(r));
                     const RingAttention ra{RB, T_loc, S, C, NH, c, {chunk_of(r, 0), chunk_of(r, 1)}, 2 * NH, NH, 1};
