@@ -460,26 +460,6 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
 // ----------------------------------------------------------------------------
 // ring attention (context parallelism's p2p)
 
-namespace {
-
-// Which part of a (query chunk, key chunk) pair causal attention computes.
-enum class ChunkPair { none, causal, whole };
-ChunkPair chunk_pair(int query_chunk, int key_chunk) {
-    return key_chunk > query_chunk ? ChunkPair::none : key_chunk == query_chunk ? ChunkPair::causal : ChunkPair::whole;
-}
-
-// Where S' of sequence b, query half qh, head h starts: [chunk, S]
-int64_t ring_scores_at(const RingAttention& ra, int b, int qh, int h) {
-    return ((int64_t(b) * 2 + qh) * ra.NH + h) * ra.chunk * ra.S;
-}
-
-// the global index of dropout element (b, h, query gq, key gk)
-int64_t probs_index(const RingAttention& ra, int b, int h, int gq, int gk) {
-    return ((((ra.batch_offset + b) * ra.heads_total + ra.first_head + h) * ra.S) + gq) * ra.S + gk;
-}
-
-}  // namespace
-
 void ring_attention_start(float* out, float* stats, const RingAttention& ra, float* /*scratch*/) {
     std::memset(out, 0, sizeof(float) * int64_t(ra.T) * ra.B * ra.C);
     const int64_t rows = int64_t(ra.B) * ra.NH * ra.T;
@@ -526,7 +506,7 @@ void ring_attention_forward_block(float* out, float* stats, float* softmax_out, 
                     for (int j = 0; j < valid; j++) {
                         const float e = std::exp(zi[j] - m_new);
                         sum += e;
-                        const int64_t g = probs_index(ra, b, h, qc * c + i, kc * c + j);
+                        const int64_t g = ring_probs_index(ra, b, h, qc * c + i, kc * c + j);
                         Pi[j] = p == 0.0f ? e : dropout_uniform(key, uint64_t(g)) >= p ? e * keep_scale : 0.0f;
                     }
                     for (int j = valid; j < c; j++) Pi[j] = 0.0f;
@@ -649,7 +629,7 @@ void ring_attention_backward_block(float* dqkv, float* dkv, const float* dout, c
                         for (int j = 0; j < c; j++) {
                             si[j] = j < valid ? std::exp(si[j] - row_lse[i]) : 0.0f;
                             if (p == 0.0f) continue;
-                            const int64_t g = probs_index(ra, b, h, qc * c + i, kc * c + j);
+                            const int64_t g = ring_probs_index(ra, b, h, qc * c + i, kc * c + j);
                             const bool keep = dropout_uniform(key, uint64_t(g)) >= p;
                             mask_scratch[int64_t(i) * c + j] = keep;
                             sd_scratch[int64_t(i) * c + j] = keep ? si[j] * keep_scale : 0.0f;

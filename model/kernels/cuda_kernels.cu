@@ -711,19 +711,9 @@ static void sums_from_head_major(bf16* dst, const float* src, int B, int T, int 
     check_launch("sums_from_head_major");
 }
 
-// The global index of dropout element (b, h, query gq, key gk): the CPU's probs_index.
-__device__ inline uint64_t ring_probs_index(const RingAttention& ra, int b, int h, int gq, int gk) {
-    return uint64_t((((ra.batch_offset + b) * ra.heads_total + ra.first_head + h) * int64_t(ra.S) + gq) * ra.S + gk);
-}
-
 // Row (b, h, t) of the [B, NH, T] statistics.
 __device__ inline int64_t ring_stat(const RingAttention& ra, int b, int h, int t) {
     return (int64_t(b) * ra.NH + h) * ra.T + t;
-}
-
-enum class RingPair { none, causal, whole };
-static RingPair ring_pair(int query_chunk, int key_chunk) {
-    return key_chunk > query_chunk ? RingPair::none : key_chunk == query_chunk ? RingPair::causal : RingPair::whole;
 }
 
 // running max −∞ [rows], running sum 0 [rows]
@@ -762,8 +752,9 @@ __global__ void ring_online_softmax_kernel(float* sums, float* stats, bf16* prob
             e = __expf(to_float(z[j]) - m_new);
             sum += e;
             if (p > 0.0f)
-                e = dropout_uniform(key, ring_probs_index(ra, b, h, qc * c + i, kc * c + j)) >= p ? e * keep_scale
-                                                                                                  : 0.0f;
+                e = dropout_uniform(key, uint64_t(ring_probs_index(ra, b, h, qc * c + i, kc * c + j))) >= p
+                        ? e * keep_scale
+                        : 0.0f;
         }
         P[j] = to_bf16(e);
     }
@@ -810,7 +801,7 @@ __global__ void ring_probabilities_kernel(bf16* softmax_out, uint8_t* mask, bf16
         const bf16 prob = j <= last_key ? to_bf16(__expf(to_float(s[j]) - lse)) : to_bf16(0.0f);
         s[j] = prob;
         if (p > 0.0f) {
-            const bool keep = dropout_uniform(key, ring_probs_index(ra, b, h, last_key, j)) >= p;
+            const bool keep = dropout_uniform(key, uint64_t(ring_probs_index(ra, b, h, last_key, j))) >= p;
             mask[row * S + j] = keep;
             dropout_out[row * S + j] = keep ? to_bf16(to_float(prob) * keep_scale) : to_bf16(0.0f);
         }
@@ -846,7 +837,7 @@ __global__ void ring_recompute_kernel(bf16* probs, uint8_t* mask, bf16* dropped,
         const bf16 prob = j < valid ? to_bf16(__expf(to_float(probs[at + j]) - row_lse)) : to_bf16(0.0f);
         probs[at + j] = prob;
         if (p > 0.0f) {
-            const bool keep = dropout_uniform(key, ring_probs_index(ra, b, h, qc * c + i, kc * c + j)) >= p;
+            const bool keep = dropout_uniform(key, uint64_t(ring_probs_index(ra, b, h, qc * c + i, kc * c + j))) >= p;
             mask[at + j] = keep;
             dropped[at + j] = keep ? to_bf16(to_float(prob) * keep_scale) : to_bf16(0.0f);
         }
@@ -897,20 +888,19 @@ void ring_attention_forward_block(bf16* /*out*/, float* stats, bf16* softmax_out
     float* sequence_sums = s.sums + int64_t(b) * ra.NH * head;  // [NH, T, hs]
     for (int qh = 0; qh < 2; qh++) {
         for (int kh = 0; kh < 2; kh++) {
-            const RingPair pair = ring_pair(ra.query_chunks[qh], kv_chunks[kh]);
-            if (pair == RingPair::none) continue;
+            const ChunkPair pair = chunk_pair(ra.query_chunks[qh], kv_chunks[kh]);
+            if (pair == ChunkPair::none) continue;
             // the pair's scores [c, c]: in S' (row stride S), or in scratch under selective recomputation
             const int scores_ld = softmax_out ? ra.S : c;
             const int64_t scores_head = softmax_out ? int64_t(c) * ra.S : int64_t(c) * c;
-            bf16* scores = softmax_out
-                               ? softmax_out + ((int64_t(b) * 2 + qh) * ra.NH * c) * ra.S + int64_t(kv_chunks[kh]) * c
-                               : s.scores;
+            bf16* scores = softmax_out ? softmax_out + ring_scores_at(ra, b, qh, 0) + int64_t(kv_chunks[kh]) * c
+                                       : s.scores;
             // scores [c, c] = Q K^T · scale, i.e. scores^T = K Q^T
             batched_gemm(true, false, c, c, hs, 1.0f / sqrtf(float(hs)), s.k + int64_t(kh) * c * hs, hs, head,
                          s.q + int64_t(qh) * c * hs, hs, head, 0.0f, scores, scores_ld, scores_head, ra.NH);
             ring_online_softmax_kernel<<<blocks_for(int64_t(ra.NH) * c, warps_per_block), block_threads, 0,
                                          ctx.stream>>>(s.sums, stats, s.probs, scores, scores_head, scores_ld, ra, b,
-                                                       qh, kv_chunks[kh], pair == RingPair::causal, p, key);
+                                                       qh, kv_chunks[kh], pair == ChunkPair::causal, p, key);
             check_launch("ring_online_softmax");
             // sums [c, hs] += P V, i.e. sums^T = V^T P^T, fp32
             batched_gemm(false, false, hs, c, c, 1.0f, s.v + int64_t(kh) * c * hs, hs, head, s.probs, c, int64_t(c) * c,
@@ -968,13 +958,13 @@ void ring_attention_backward_block(bf16* /*dqkv*/, bf16* dkv, const bf16* dout, 
         const bf16* q = s.q + int64_t(qh) * c * hs;
         const bf16* d = s.d + int64_t(qh) * c * hs;
         for (int kh = 0; kh < 2; kh++) {
-            const RingPair pair = ring_pair(ra.query_chunks[qh], kv_chunks[kh]);
-            if (pair == RingPair::none) continue;
+            const ChunkPair pair = chunk_pair(ra.query_chunks[qh], kv_chunks[kh]);
+            if (pair == ChunkPair::none) continue;
             const bf16* k = s.k + int64_t(kh) * c * hs;
             const bf16* v = s.v + int64_t(kh) * c * hs;
             // the pair's S', its mask and S: kept (row stride S), or recomputed from the
             // scores and each row's log-sum-exp (selective recomputation; row stride c)
-            const int64_t at = ((int64_t(b) * 2 + qh) * ra.NH * c) * ra.S + int64_t(kv_chunks[kh]) * c;
+            const int64_t at = ring_scores_at(ra, b, qh, 0) + int64_t(kv_chunks[kh]) * c;
             const int ld = softmax_out ? ra.S : c;
             const int64_t pair_stride = softmax_out ? int64_t(c) * ra.S : pair_head;
             if (!softmax_out) {
@@ -982,7 +972,7 @@ void ring_attention_backward_block(bf16* /*dqkv*/, bf16* dkv, const bf16* dout, 
                              ra.NH);
                 ring_recompute_kernel<<<blocks_for(int64_t(ra.NH) * c, warps_per_block), block_threads, 0,
                                         ctx.stream>>>(s.probs, s.mask, s.dropped, lse, ra, b, qh, kv_chunks[kh],
-                                                      pair == RingPair::causal, p, key);
+                                                      pair == ChunkPair::causal, p, key);
                 check_launch("ring_recompute");
             }
             const bf16* sp = softmax_out ? softmax_out + at : s.probs;

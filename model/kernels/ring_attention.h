@@ -3,6 +3,8 @@
 #pragma once
 #include <cstdint>
 
+#include "model/kernels/philox.h"
+
 namespace tpsp {
 
 // This rank's T = s/cp queries are two chunks of `chunk` = s/(2cp) global
@@ -21,5 +23,21 @@ struct RingAttention {
     int heads_total, first_head;  // a, and this rank's first head's global index
     int64_t batch_offset;         // the global index of this micro-batch's first sequence
 };
+
+// Which part of a (query chunk, key chunk) pair causal attention computes.
+enum class ChunkPair { none, causal, whole };
+inline ChunkPair chunk_pair(int query_chunk, int key_chunk) {
+    return key_chunk > query_chunk ? ChunkPair::none : key_chunk == query_chunk ? ChunkPair::causal : ChunkPair::whole;
+}
+
+// Where S' of sequence b, query half qh, head h starts: [chunk, S]
+inline int64_t ring_scores_at(const RingAttention& ra, int b, int qh, int h) {
+    return ((int64_t(b) * 2 + qh) * ra.NH + h) * ra.chunk * ra.S;
+}
+
+// the global index of dropout element (b, h, query gq, key gk)
+TPSP_HOST_DEVICE inline int64_t ring_probs_index(const RingAttention& ra, int b, int h, int gq, int gk) {
+    return ((((ra.batch_offset + b) * ra.heads_total + ra.first_head + h) * ra.S) + gq) * ra.S + gk;
+}
 
 }  // namespace tpsp
